@@ -1,0 +1,141 @@
+#include "cli.hpp"
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace fa {
+namespace {
+
+std::string value_str(int kind, const void* t) {
+  switch (kind) {
+    case 0: return *static_cast<const bool*>(t) ? "on" : "off";
+    case 1: return std::to_string(*static_cast<const int*>(t));
+    case 2: return std::to_string(*static_cast<const uint64_t*>(t));
+    case 3: {
+      std::ostringstream s;
+      s << *static_cast<const float*>(t);
+      return s.str();
+    }
+    default: {
+      const auto& v = *static_cast<const std::string*>(t);
+      return v.empty() ? "none" : v;
+    }
+  }
+}
+
+}  // namespace
+
+Cli::Cli(std::string program, std::string description, Options defaults)
+    : program_(std::move(program)), description_(std::move(description)), opts_(std::move(defaults)) {
+  Problem& p = opts_.problem;
+  add("--batch", Kind::Int, &p.batch, "batch size B");
+  add("--heads", Kind::Int, &p.heads, "query heads H");
+  add("--kv-heads", Kind::Int, &p.kv_heads, "key/value heads Hkv (divides H; default H)");
+  add("--q-len", Kind::Int, &p.q_len, "query length Nq");
+  add("--kv-len", Kind::Int, &p.kv_len, "key/value length Nk (default Nq)");
+  add("--head-dim", Kind::Int, &p.head_dim, "head dimension d");
+  add("--causal", Kind::Flag, &p.causal, "causal mask, bottom-right aligned (key j <= i + Nk - Nq)");
+  add("--scale", Kind::Float, &p.scale, "softmax scale (default 1/sqrt(d))");
+  add("--dropout", Kind::Float, &p.dropout_p, "dropout probability p in [0, 1)");
+  add("--seed", Kind::Uint64, &p.seed, "seed of the random inputs and of the dropout mask");
+  add("--iters", Kind::Int, &opts_.iters, "timed repetitions (median reported; 0 = no timing)");
+  add("--warmup", Kind::Int, &opts_.warmup, "untimed repetitions before timing");
+  add("--csv", Kind::String, &opts_.csv, "append result rows to this CSV file");
+  add("--in", Kind::String, &opts_.in_dir, "read q.npy, k.npy, v.npy (do.npy) from this folder");
+  add("--out", Kind::String, &opts_.out_dir, "write o.npy, lse.npy (dq/dk/dv.npy) to this folder");
+  add("--help", Kind::Flag, &opts_.help, "print this help and exit");
+}
+
+void Cli::add(std::string name, Kind kind, void* target, std::string help) {
+  entries_.push_back({std::move(name), std::move(help), kind, target});
+}
+void Cli::add_flag(const std::string& name, bool* target, const std::string& help) {
+  add(name, Kind::Flag, target, help);
+}
+void Cli::add_option(const std::string& name, std::string* target, const std::string& help) {
+  add(name, Kind::String, target, help);
+}
+void Cli::add_option(const std::string& name, int* target, const std::string& help) {
+  add(name, Kind::Int, target, help);
+}
+
+std::string Cli::usage() const {
+  std::ostringstream s;
+  s << "usage: " << program_ << " [options]\n" << description_ << "\n\noptions (default in brackets):\n";
+  for (const auto& e : entries_) {
+    std::string flag = e.name + (e.kind == Kind::Flag ? "" : " X");
+    flag.resize(std::max<size_t>(flag.size() + 1, 16), ' ');
+    s << "  " << flag << e.help;
+    // derived defaults are described in the help text, not shown as a value
+    const bool derived = (e.name == "--kv-heads" || e.name == "--kv-len" || e.name == "--scale") && !opts_.given.count(e.name);
+    if (e.name != "--help" && !derived) s << " [" << value_str(int(e.kind), e.target) << "]";
+    s << "\n";
+  }
+  s << "\nexit codes: 0 ok, 1 failed check or runtime error, 2 bad usage\n";
+  return s.str();
+}
+
+Options Cli::parse(int argc, const char* const* argv) {
+  for (int a = 1; a < argc; ++a) {
+    std::string arg = argv[a], value;
+    const size_t eq = arg.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const Entry* e = nullptr;
+    for (const auto& x : entries_)
+      if (x.name == arg) e = &x;
+    if (!e) throw UsageError("unknown option '" + arg + "' (see --help)");
+    opts_.given.insert(arg);
+    if (e->kind == Kind::Flag) {
+      if (inline_value) throw UsageError(arg + " takes no value");
+      *static_cast<bool*>(e->target) = true;
+      continue;
+    }
+    if (!inline_value) {
+      if (a + 1 >= argc) throw UsageError(arg + " needs a value (see --help)");
+      value = argv[++a];
+    }
+    const std::string bad = "bad value '" + value + "' for " + arg;
+    char* end = nullptr;
+    errno = 0;
+    switch (e->kind) {
+      case Kind::Int: {
+        const long v = std::strtol(value.c_str(), &end, 10);
+        if (value.empty() || *end || errno || v < INT_MIN || v > INT_MAX) throw UsageError(bad + ": expected an integer");
+        *static_cast<int*>(e->target) = int(v);
+        break;
+      }
+      case Kind::Uint64: {
+        const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+        if (value.empty() || *end || errno || value[0] == '-') throw UsageError(bad + ": expected a non-negative integer");
+        *static_cast<uint64_t*>(e->target) = v;
+        break;
+      }
+      case Kind::Float: {
+        const float v = std::strtof(value.c_str(), &end);
+        if (value.empty() || *end || errno || !std::isfinite(v)) throw UsageError(bad + ": expected a finite number");
+        *static_cast<float*>(e->target) = v;
+        break;
+      }
+      case Kind::String: *static_cast<std::string*>(e->target) = value; break;
+      case Kind::Flag: break;
+    }
+  }
+  if (opts_.help) return opts_;
+  Problem& p = opts_.problem;
+  if (!opts_.given.count("--kv-heads")) p.kv_heads = p.heads;
+  if (!opts_.given.count("--kv-len")) p.kv_len = p.q_len;
+  if (opts_.given.count("--scale") && p.scale == 0.f)
+    throw UsageError("--scale must be nonzero (leave it out for 1/sqrt(head_dim))");
+  if (opts_.iters < 0 || opts_.warmup < 0) throw UsageError("--iters and --warmup must be >= 0");
+  if (opts_.in_dir.empty()) p.validate();  // with --in the shape comes from the files
+  return opts_;
+}
+
+}  // namespace fa

@@ -1,0 +1,90 @@
+#include "results.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fa {
+namespace {
+
+std::string num(double x, const char* fmt = "%.6g") {
+  char b[64];
+  std::snprintf(b, sizeof b, fmt, x);
+  return b;
+}
+
+}  // namespace
+
+std::string csv_header() {
+  return "gpu,chapter,kernel,pass,dtype,B,H,Hkv,Nq,Nk,d,causal,dropout,ms,tflops,gbps,"
+         "model_hbm_bytes,extra_bytes,max_abs_err";
+}
+
+std::string csv_line(const ResultRow& r) {
+  const Problem& p = r.problem;
+  std::ostringstream s;
+  s << '"' << r.gpu << "\"," << r.chapter << ',' << r.kernel << ',' << r.pass << ',' << r.dtype << ','
+    << p.batch << ',' << p.heads << ',' << p.kv_heads << ',' << p.q_len << ',' << p.kv_len << ','
+    << p.head_dim << ',' << int(p.causal) << ',' << p.dropout_p << ',' << num(r.ms) << ','
+    << num(r.tflops) << ',' << num(r.gbps) << ',' << num(r.model_hbm_bytes, "%.0f") << ','
+    << num(r.extra_bytes, "%.0f") << ',' << num(r.max_abs_err, "%.3g");
+  return s.str();
+}
+
+std::string json_line(const ResultRow& r) {
+  const Problem& p = r.problem;
+  std::ostringstream s;
+  s << "{\"gpu\": \"" << r.gpu << "\", \"chapter\": \"" << r.chapter << "\", \"kernel\": \"" << r.kernel
+    << "\", \"pass\": \"" << r.pass << "\", \"dtype\": \"" << r.dtype << "\", \"B\": " << p.batch
+    << ", \"H\": " << p.heads << ", \"Hkv\": " << p.kv_heads << ", \"Nq\": " << p.q_len
+    << ", \"Nk\": " << p.kv_len << ", \"d\": " << p.head_dim << ", \"causal\": " << int(p.causal)
+    << ", \"dropout\": " << p.dropout_p << ", \"ms\": " << num(r.ms) << ", \"tflops\": " << num(r.tflops)
+    << ", \"gbps\": " << num(r.gbps) << ", \"model_hbm_bytes\": " << num(r.model_hbm_bytes, "%.0f")
+    << ", \"extra_bytes\": " << num(r.extra_bytes, "%.0f") << ", \"max_abs_err\": "
+    << num(r.max_abs_err, "%.3g") << "}";
+  return s.str();
+}
+
+void append_csv(const std::string& path, const std::vector<ResultRow>& rows) {
+  bool fresh;
+  {
+    std::ifstream in(path);
+    fresh = !in || in.peek() == std::ifstream::traits_type::eof();
+  }
+  std::ofstream f(path, std::ios::app);
+  if (!f) throw std::runtime_error("cannot write " + path);
+  if (fresh) f << csv_header() << "\n";
+  for (const auto& r : rows) f << csv_line(r) << "\n";
+}
+
+std::string human_bytes(double bytes) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  return num(bytes, "%.3g") + " " + unit[u];
+}
+
+std::string format_table(const std::vector<ResultRow>& rows) {
+  std::ostringstream s;
+  char line[320];
+  std::snprintf(line, sizeof line, "%-8s %-22s %-4s %-5s %-22s %10s %9s %9s %11s %11s %10s\n", "chapter",
+                "kernel", "pass", "dtype", "B,H,Hkv,Nq,Nk,d,c,p", "ms", "TFLOP/s", "GB/s", "model HBM",
+                "extra mem", "max err");
+  s << line;
+  for (const auto& r : rows) {
+    const Problem& p = r.problem;
+    const std::string shape = std::to_string(p.batch) + "," + std::to_string(p.heads) + "," +
+                              std::to_string(p.kv_heads) + "," + std::to_string(p.q_len) + "," +
+                              std::to_string(p.kv_len) + "," + std::to_string(p.head_dim) + "," +
+                              (p.causal ? "c" : "-") + "," + num(p.dropout_p, "%g");
+    std::snprintf(line, sizeof line, "%-8s %-22s %-4s %-5s %-22s %10.4f %9.2f %9.1f %11s %11s %10s\n",
+                  r.chapter.c_str(), r.kernel.c_str(), r.pass.c_str(), r.dtype.c_str(), shape.c_str(), r.ms,
+                  r.tflops, r.gbps, human_bytes(r.model_hbm_bytes).c_str(), human_bytes(r.extra_bytes).c_str(),
+                  r.max_abs_err < 0 ? "-" : num(r.max_abs_err, "%.2e").c_str());
+    s << line;
+  }
+  return s.str();
+}
+
+}  // namespace fa

@@ -1,0 +1,30 @@
+// Result rows: one CSV header for the whole project, so the tour, the plots and docs/ read the
+// rows of every chapter the same way.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace fa {
+
+struct ResultRow {
+  std::string gpu, chapter, kernel, pass = "fwd", dtype = "fp32";
+  Problem problem;
+  double ms = 0, tflops = 0, gbps = 0;
+  double model_hbm_bytes = 0;  // what the chapter's IO formula predicts
+  double extra_bytes = 0;      // device memory beyond inputs and outputs (S and P for 00)
+  double max_abs_err = -1;     // vs the fp64 reference; -1 = not checked
+};
+
+std::string csv_header();
+std::string csv_line(const ResultRow& r);
+std::string json_line(const ResultRow& r);
+// Appends rows to `path`, writing the header first if the file is new or empty.
+void append_csv(const std::string& path, const std::vector<ResultRow>& rows);
+// A fixed-width table for the terminal.
+std::string format_table(const std::vector<ResultRow>& rows);
+// "1.50 GiB", "96.0 KiB"
+std::string human_bytes(double bytes);
+
+}  // namespace fa

@@ -1,0 +1,59 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "cli.hpp"
+
+using namespace fa;
+
+namespace {
+Options parse(std::vector<const char*> args, bool* extra = nullptr) {
+  Options d;
+  d.problem.q_len = 128;
+  Cli cli("prog", "test", d);
+  bool dummy = false;
+  cli.add_flag("--backward", extra ? extra : &dummy, "also run the backward pass");
+  args.insert(args.begin(), "prog");
+  return cli.parse(int(args.size()), args.data());
+}
+}  // namespace
+
+TEST_CASE("cli: defaults follow the conventions") {
+  Options o = parse({"--heads", "8", "--q-len", "300"});
+  CHECK(o.problem.heads == 8);
+  CHECK(o.problem.kv_heads == 8);  // kv-heads = heads
+  CHECK(o.problem.kv_len == 300);  // kv-len = q-len
+  CHECK(o.problem.softmax_scale() == doctest::Approx(1 / std::sqrt(64.0)));
+  o = parse({"--kv-len=77", "--causal", "--scale", "0.5", "--dropout", "0.1", "--seed", "9"});
+  CHECK(o.problem.kv_len == 77);
+  CHECK(o.problem.causal);
+  CHECK(o.problem.softmax_scale() == 0.5f);
+  CHECK(o.problem.dropout_p == doctest::Approx(0.1));
+  CHECK(o.problem.seed == 9);
+  bool backward = false;
+  parse({"--backward"}, &backward);
+  CHECK(backward);
+}
+
+TEST_CASE("cli: bad usage is a UsageError that names the problem") {
+  CHECK_THROWS_WITH_AS(parse({"--nope"}), "unknown option '--nope' (see --help)", UsageError);
+  CHECK_THROWS_WITH_AS(parse({"--q-len", "abc"}), "bad value 'abc' for --q-len: expected an integer", UsageError);
+  CHECK_THROWS_WITH_AS(parse({"--q-len"}), "--q-len needs a value (see --help)", UsageError);
+  CHECK_THROWS_WITH_AS(parse({"--causal=1"}), "--causal takes no value", UsageError);
+  CHECK_THROWS_AS(parse({"--q-len", "0"}), UsageError);
+  CHECK_THROWS_AS(parse({"--dropout", "1"}), UsageError);
+  CHECK_THROWS_AS(parse({"--heads", "6", "--kv-heads", "4"}), UsageError);
+  CHECK_THROWS_AS(parse({"--scale", "0"}), UsageError);
+  CHECK_THROWS_AS(parse({"--seed", "-1"}), UsageError);
+}
+
+TEST_CASE("cli: --help lists every shared flag") {
+  Options d;
+  Cli cli("prog", "test", d);
+  const std::string u = cli.usage();
+  for (const char* f : {"--batch", "--heads", "--kv-heads", "--q-len", "--kv-len", "--head-dim", "--causal", "--scale",
+                        "--dropout", "--seed", "--iters", "--warmup", "--csv", "--in", "--out", "--help"})
+    CHECK(u.find(f) != std::string::npos);
+  const char* argv[] = {"prog", "--help"};
+  CHECK(cli.parse(2, argv).help);
+}

@@ -1,0 +1,34 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "formulas.hpp"
+#include "results.hpp"
+
+using namespace fa;
+
+TEST_CASE("formulas: FLOPs and minimal bytes") {
+  Problem p;
+  p.batch = 2, p.heads = 4, p.kv_heads = 2, p.q_len = 100, p.kv_len = 300, p.head_dim = 64;
+  CHECK(flops_forward(p) == 4.0 * 2 * 4 * 100 * 300 * 64);
+  CHECK(flops_backward(p) == 2.5 * flops_forward(p));
+  p.causal = true;  // bottom-right: row i sees i + 201 keys
+  CHECK(visible_pairs(p) == 100 * 201 + 100 * 99 / 2);
+  p.q_len = p.kv_len = 1000;
+  CHECK(visible_pairs(p) == 1000.0 * 1001 / 2);  // about half of N^2
+  CHECK(hbm_bytes_min_forward(p) == 4.0 * (2 * p.q_elems() + 2 * p.kv_elems()) + 4.0 * p.lse_elems());
+  CHECK(tflops(2e12, 1000.0) == doctest::Approx(2.0));
+  CHECK(gbps(3e9, 1.0) == doctest::Approx(3000.0));
+}
+
+TEST_CASE("result rows: one header, one line per row") {
+  ResultRow r;
+  r.gpu = "NVIDIA H100 80GB HBM3", r.chapter = "00", r.kernel = "naive";
+  r.problem.q_len = r.problem.kv_len = 1024;
+  r.ms = 1.5;
+  const std::string h = csv_header(), l = csv_line(r);
+  CHECK(std::count(h.begin(), h.end(), ',') == std::count(l.begin(), l.end(), ','));
+  CHECK(l.rfind("\"NVIDIA H100 80GB HBM3\",00,naive,fwd,fp32,1,1,1,1024,1024,64,0,0,1.5,", 0) == 0);
+  CHECK(json_line(r).find("\"Nq\": 1024") != std::string::npos);
+  CHECK(human_bytes(1536) == "1.5 KiB");
+}
