@@ -28,6 +28,8 @@ std::string value_str(int kind, const void* t) {
 
 }  // namespace
 
+void Cli::add_check(std::function<void(const Problem&)> check) { opts_.checks.push_back(std::move(check)); }
+
 Cli::Cli(std::string program, std::string description, Options defaults)
     : program_(std::move(program)), description_(std::move(description)), opts_(std::move(defaults)) {
   Problem& p = opts_.problem;
@@ -134,7 +136,10 @@ Options Cli::parse(int argc, const char* const* argv) {
   if (opts_.given.count("--scale") && p.scale == 0.f)
     throw UsageError("--scale must be nonzero (leave it out for 1/sqrt(head_dim))");
   if (opts_.iters < 0 || opts_.warmup < 0) throw UsageError("--iters and --warmup must be >= 0");
-  if (opts_.in_dir.empty()) p.validate();  // with --in the shape comes from the files
+  if (opts_.in_dir.empty()) {  // with --in the shape comes from the files (load_inputs checks it)
+    p.validate();
+    for (const auto& check : opts_.checks) check(p);
+  }
   return opts_;
 }
 

@@ -71,6 +71,7 @@ HostTensors load_inputs(Options& opts, bool backward) {
   take_dim(opts, "--kv-heads", &p.kv_heads, k.shape[1], "k.npy");
   take_dim(opts, "--kv-len", &p.kv_len, k.shape[2], "k.npy");
   p.validate();
+  for (const auto& check : opts.checks) check(p);
   HostTensors t{std::move(q.data), std::move(k.data), std::move(v.data), {}};
   if (backward) {
     NpyArray d = npy_read(dir + "do.npy");

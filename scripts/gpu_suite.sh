@@ -15,6 +15,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" ${CMAKE_ARGS:
 cmake --build "$BUILD" -j "$(nproc)" 2>&1 | grep -E "error|warning|FAILED" ; build_rc=${PIPESTATUS[0]}
 [ "$build_rc" -eq 0 ] || { echo "build failed"; exit 1; }
 
+ctest --test-dir "$BUILD" -N -L sanitizer | grep -q "Total Tests: [1-9]" ||
+  echo "!! no sanitizer tests registered: compute-sanitizer was not found at configure time"
 ctest --test-dir "$BUILD" --output-on-failure -j "${CTEST_JOBS:-4}" >"$BUILD/ctest.log" 2>&1; test_rc=$?
 grep -E "Test +#|tests passed|Failed|Not Run" "$BUILD/ctest.log" | grep -vE "^\s*$" | tail -60
 

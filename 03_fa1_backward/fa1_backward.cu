@@ -1,0 +1,252 @@
+// Chapter 03: the FlashAttention-1 backward pass with recomputation (seed Algorithm 4), fp32.
+//
+// fa1_backward_kernel computes dQ, dK, dV from Q, K, V, O, dO and the forward's row statistics
+// (m_i, l_i); P is recomputed tile by tile, never stored. Grid: one block per (batch, kv head) -
+// the block walks the K/V blocks j in order (outer loop, lines 6-25) and, for each, every Q block i
+// of every query head of its GQA group (inner loop, lines 9-23). dQ_i is accumulated in HBM
+// (line 21): because a single block owns all of a head's dQ, those read-modify-writes never race.
+// (Running the outer loop in parallel - one block per j - would have several blocks add into the
+// same dQ_i at once; chapter 04 removes that conflict.) dK_j, dV_j live in registers; summing over
+// the group inside one block keeps GQA deterministic.
+// Block: kThreads = 256. Shared memory per block (floats): K_j, V_j Bc x (d+1); Q_i, dO_i Br x d;
+// P~_ij Br x Bc; dS_ij Br x (Bc+1); D_i, m_i, 1/l_i Br each. With Br = 32, Bc = 64:
+// d = 16: 29.0 KiB, 32: 41.0 KiB, 64: 65.0 KiB, 128: 113.0 KiB (above 48 KiB: opted in with
+// cudaFuncSetAttribute). Instantiated for d in {16, 32, 64, 128} (fa1::backward dispatches).
+#include "fa1_backward.cuh"
+
+#include <cmath>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "philox.hpp"
+
+namespace fa1 {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBr = 32;  // query rows per tile (inner loop)
+constexpr int kBc = 64;  // key rows per tile (outer loop)
+static_assert(kThreads % kBc == 0, "phase B maps threads to (row group, key column)");
+static_assert(kBr % (kThreads / kBc) == 0, "phase B: every thread gets the same number of rows");
+static_assert(kBr % kWarps == 0, "phase A: every warp loads the same number of rows");
+
+struct Args {
+  const float *q, *k, *v, *o, *l, *m, *dout;
+  float *dq, *dk, *dv;
+  int heads, kv_heads, group, q_len, kv_len;
+  bool causal;
+  float scale, keep_scale;  // tau, 1 / (1 - p)
+  bool dropout;
+  uint32_t threshold;
+  uint64_t seed, offset;
+};
+
+// Keys query row i sees (causal: bottom-right aligned); 0 for an empty row.
+__device__ int visible_keys(const Args& a, int i) {
+  if (!a.causal) return a.kv_len;
+  return min(max(i + a.kv_len - a.q_len + 1, 0), a.kv_len);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) fa1_backward_kernel(Args a) {
+  static_assert(kThreads % D == 0 && kBr % (kThreads / D) == 0, "phase D: d must divide the threads evenly");
+  static_assert((kBc * D) % kThreads == 0, "dK_j, dV_j must split evenly over the threads");
+  constexpr int kKvStride = D + 1;    // K_s, V_s are read along the key index: +1 avoids bank conflicts
+  constexpr int kDsStride = kBc + 1;  // dS_s is read by two rows per warp when d = 16
+  constexpr int kRowsB = kBr / (kThreads / kBc);   // rows per thread in phase B
+  constexpr int kColsC = kBc * D / kThreads;       // dK, dV columns per thread
+  constexpr int kRowsD = kBr / (kThreads / D);     // dQ rows per thread in phase D
+
+  extern __shared__ float smem[];
+  float* K_s = smem;
+  float* V_s = K_s + kBc * kKvStride;
+  float* Q_s = V_s + kBc * kKvStride;
+  float* dO_s = Q_s + kBr * D;
+  float* Pd_s = dO_s + kBr * D;  // P~_ij = P_ij o Z_ij / (1 - p)
+  float* dS_s = Pd_s + kBr * kBc;
+  float* D_s = dS_s + kBr * kDsStride;
+  float* m_s = D_s + kBr;
+  float* inv_l_s = m_s + kBr;
+
+  const int b = blockIdx.x / a.kv_heads, hk = blockIdx.x % a.kv_heads;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* K = a.k + (size_t(b) * a.kv_heads + hk) * a.kv_len * D;
+  const float* V = a.v + (size_t(b) * a.kv_heads + hk) * a.kv_len * D;
+  float* dK = a.dk + (size_t(b) * a.kv_heads + hk) * a.kv_len * D;
+  float* dV = a.dv + (size_t(b) * a.kv_heads + hk) * a.kv_len * D;
+  // phase B / C thread mapping: key column cc of the tile
+  const int cc = tid % kBc, row_group = tid / kBc;
+
+  for (int j0 = 0; j0 < a.kv_len; j0 += kBc) {  // line 6: for 1 <= j <= Tc
+    // line 7: load K_j, V_j to SRAM (zero rows beyond kv_len); line 8: dK_j = dV_j = 0 on chip
+    for (int e = tid; e < kBc * D; e += kThreads) {
+      const int r = e / D, c = e % D;
+      const bool in = j0 + r < a.kv_len;
+      K_s[r * kKvStride + c] = in ? K[size_t(j0 + r) * D + c] : 0.f;
+      V_s[r * kKvStride + c] = in ? V[size_t(j0 + r) * D + c] : 0.f;
+    }
+    float dK_acc[kColsC] = {}, dV_acc[kColsC] = {};
+    __syncthreads();
+
+    // Causal: query rows below i = j0 - (Nk - Nq) see none of these keys, so their P_ij = 0 and
+    // whole Q blocks before that row contribute nothing: start the inner loop after them.
+    const int first_row = a.causal ? max(0, j0 - (a.kv_len - a.q_len)) : 0;
+    for (int g = 0; g < a.group; ++g) {  // GQA: every query head of this kv head
+      const int h = hk * a.group + g;
+      const size_t head = (size_t(b) * a.heads + h);
+      const float* Q = a.q + head * a.q_len * D;
+      const float* O = a.o + head * a.q_len * D;
+      const float* dO = a.dout + head * a.q_len * D;
+      float* dQ = a.dq + head * a.q_len * D;
+      for (int i0 = first_row / kBr * kBr; i0 < a.q_len; i0 += kBr) {  // line 9: for 1 <= i <= Tr
+        // ---- phase A, lines 10 and 19: load Q_i, dO_i, m_i, l_i; D_i = rowsum(dO_i o O_i). A warp per row.
+        for (int r = warp; r < kBr; r += kWarps) {
+          const int i = i0 + r;
+          float dot = 0.f;
+          for (int c = lane; c < D; c += 32) {
+            const float q = i < a.q_len ? Q[size_t(i) * D + c] : 0.f;
+            const float dout = i < a.q_len ? dO[size_t(i) * D + c] : 0.f;
+            Q_s[r * D + c] = q;
+            dO_s[r * D + c] = dout;
+            if (i < a.q_len) dot += dout * O[size_t(i) * D + c];
+          }
+          for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+          if (lane == 0) {
+            D_s[r] = dot;
+            const float l = i < a.q_len ? a.l[head * a.q_len + i] : 0.f;
+            // An empty causal row has l = 0, m = -inf: it is masked below and never reads these.
+            m_s[r] = i < a.q_len ? a.m[head * a.q_len + i] : 0.f;
+            inv_l_s[r] = l > 0.f ? 1.f / l : 0.f;
+          }
+        }
+        __syncthreads();
+
+        // ---- phase B, lines 11-15, 17, 18, 20: S_ij = tau Q_i K_j^T, P_ij = exp(S_ij - m_i) / l_i (masked: 0),
+        // P~_ij = P_ij Z_ij / (1-p), dP_ij = (dO_i V_j^T) Z_ij / (1-p), dS_ij = P_ij (dP_ij - D_i).
+        // Thread: key column cc, rows row_group + k * (kThreads / kBc).
+        {
+          float s[kRowsB] = {}, dp[kRowsB] = {};
+#pragma unroll 8
+          for (int c = 0; c < D; ++c) {
+            const float kc = K_s[cc * kKvStride + c], vc = V_s[cc * kKvStride + c];
+#pragma unroll
+            for (int k = 0; k < kRowsB; ++k) {
+              const int r = row_group + k * (kThreads / kBc);
+              s[k] += Q_s[r * D + c] * kc;
+              dp[k] += dO_s[r * D + c] * vc;
+            }
+          }
+          const int j = j0 + cc;
+#pragma unroll
+          for (int k = 0; k < kRowsB; ++k) {
+            const int r = row_group + k * (kThreads / kBc), i = i0 + r;
+            const bool seen = i < a.q_len && j < visible_keys(a, i);  // mask, tails, empty rows
+            const float P = seen ? expf(a.scale * s[k] - m_s[r]) * inv_l_s[r] : 0.f;
+            float z = 1.f;  // Z_ij / (1 - p), regenerated from the forward's RNG state (line 14)
+            if (a.dropout && seen)
+              z = fa::dropout_keep(a.seed, a.offset, b, h, i, j, a.threshold) ? a.keep_scale : 0.f;
+            Pd_s[r * kBc + cc] = P * z;
+            dS_s[r * kDsStride + cc] = P * (dp[k] * z - D_s[r]);
+          }
+        }
+        __syncthreads();
+
+        // ---- phase C, lines 16 and 22: dV_j += P~_ij^T dO_i, dK_j += tau dS_ij^T Q_i (registers;
+        // tau applied once, when dK_j is written). Thread: key cc, columns row_group + k * (kThreads / kBc).
+        for (int r = 0; r < kBr; ++r) {
+          const float pd = Pd_s[r * kBc + cc], ds = dS_s[r * kDsStride + cc];
+#pragma unroll
+          for (int k = 0; k < kColsC; ++k) {
+            const int c = row_group + k * (kThreads / kBc);
+            dV_acc[k] += pd * dO_s[r * D + c];
+            dK_acc[k] += ds * Q_s[r * D + c];
+          }
+        }
+        // ---- phase D, line 21: dQ_i += tau dS_ij K_j, read-modify-write in HBM (this block is the
+        // only writer of head h's dQ). Thread: column c = tid % D, rows tid / D + k * (kThreads / D).
+        {
+          const int c = tid % D;
+          float acc[kRowsD] = {};
+          for (int jj = 0; jj < kBc; ++jj) {
+            const float kc = K_s[jj * kKvStride + c];
+#pragma unroll
+            for (int k = 0; k < kRowsD; ++k) acc[k] += dS_s[(tid / D + k * (kThreads / D)) * kDsStride + jj] * kc;
+          }
+#pragma unroll
+          for (int k = 0; k < kRowsD; ++k) {
+            const int i = i0 + tid / D + k * (kThreads / D);
+            if (i < a.q_len) dQ[size_t(i) * D + c] += a.scale * acc[k];
+          }
+        }
+        __syncthreads();  // Q_s, dO_s, P~_s, dS_s are overwritten by the next Q block
+      }
+    }
+    // line 24: write dK_j, dV_j to HBM
+#pragma unroll
+    for (int k = 0; k < kColsC; ++k) {
+      const int c = row_group + k * (kThreads / kBc);
+      if (j0 + cc < a.kv_len) {
+        dK[size_t(j0 + cc) * D + c] = a.scale * dK_acc[k];
+        dV[size_t(j0 + cc) * D + c] = dV_acc[k];
+      }
+    }
+    __syncthreads();  // K_s, V_s are overwritten by the next K/V block
+  }
+}
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return sizeof(float) * (2 * kBc * (D + 1) + 2 * kBr * D + kBr * kBc + kBr * (kBc + 1) + 3 * kBr);
+}
+
+template <int D>
+void launch(const fa::Problem& p, const Args& a) {
+  constexpr size_t bytes = smem_bytes<D>();
+  CUDA_CHECK(cudaFuncSetAttribute(fa1_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  fa1_backward_kernel<D><<<p.batch * p.kv_heads, kThreads, bytes>>>(a);
+  CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void backward(const fa::Problem& p, RngState rng, const float* q, const float* k, const float* v, const float* o,
+              const float* l, const float* m, const float* dout, float* dq, float* dk, float* dv) {
+  p.validate();
+  // line 5: dQ is accumulated in HBM over the K/V blocks (line 21), so it starts at zero. dK and dV
+  // need no zeroing: every row of them is written once, at line 24.
+  CUDA_CHECK(cudaMemsetAsync(dq, 0, p.q_elems() * sizeof(float)));
+  Args a{q, k, v, o, l, m, dout, dq, dk, dv, p.heads, p.kv_heads, p.group(), p.q_len, p.kv_len, p.causal,
+         p.softmax_scale(), 1.f / (1.f - p.dropout_p), p.dropout_p > 0.f, fa::dropout_threshold(p.dropout_p),
+         rng.seed, rng.offset};
+  switch (p.head_dim) {
+    case 16: return launch<16>(p, a);
+    case 32: return launch<32>(p, a);
+    case 64: return launch<64>(p, a);
+    case 128: return launch<128>(p, a);
+    default:
+      throw fa::UsageError("fa1::backward: head_dim must be 16, 32, 64 or 128 (got " + std::to_string(p.head_dim) + ")");
+  }
+}
+
+double backward_seed_formula_bytes(const fa::Problem& p) {
+  const double d = p.head_dim, Tc = (p.kv_len + kBc - 1) / kBc;
+  return 4.0 * p.batch * p.heads * 2 * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
+}
+
+double backward_hbm_bytes(const fa::Problem& p) {
+  // What the kernel moves, in floats: per kv head K, V read and dK, dV written once; per visited
+  // (K/V block, Q block) pair Q_i, O_i, dO_i read, dQ_i read and written (5 Br d) plus m_i, l_i;
+  // dQ zeroed once. Without a mask and Nq = Nk = N, H = Hkv: Nd(5 + 5 Tc) + 2 N Tc per head.
+  double rows = 0;  // query rows visited, summed over the K/V blocks
+  for (int j0 = 0; j0 < p.kv_len; j0 += kBc) {
+    const int first = p.causal ? std::max(0, j0 - (p.kv_len - p.q_len)) / kBr * kBr : 0;
+    rows += p.q_len - first;
+  }
+  const double d = p.head_dim;
+  const double per_kv_head = 4.0 * p.kv_len * d;
+  const double per_head = rows * (5.0 * d + 2.0) + p.q_len * d;
+  return 4.0 * (double(p.batch) * p.kv_heads * per_kv_head + double(p.batch) * p.heads * per_head);
+}
+
+}  // namespace fa1

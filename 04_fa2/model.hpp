@@ -1,0 +1,141 @@
+// Chapter 04 model: FlashAttention-2 forward and backward in plain C++ (float, like the kernels), with the
+// kernels' loop order and block sizes, line numbers of the README's Algorithms 1 and 2 in the comments.
+// A "block" of the GPU grid is one iteration of an outer loop here. Tested against the fp64 reference on the CPU.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "philox.hpp"
+#include "problem.hpp"
+
+namespace fa2_model {
+
+constexpr int Br = 64, Bc = 64;  // the kernels' tile sizes (fa2::forward_tiles())
+
+inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
+  if (p.dropout_p == 0.f) return 1.f;
+  const bool keep = fa::dropout_keep(p.seed, p.offset, b, h, i, j, fa::dropout_threshold(p.dropout_p));
+  return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
+}
+inline bool masked(const fa::Problem& p, int i, int j) { return j >= p.kv_len || (p.causal && j > i + p.kv_len - p.q_len); }
+// Keys seen by the rows [i0, i0 + Br) at most: the K/V loop stops there (causal block skipping).
+inline int kv_end(const fa::Problem& p, int i0) {
+  if (!p.causal) return p.kv_len;
+  const int last_row = std::min(i0 + Br, p.q_len) - 1;
+  return std::clamp(last_row + p.kv_len - p.q_len + 1, 0, p.kv_len);
+}
+
+// Forward (Algorithm 1): o [B,H,Nq,d], lse [B,H,Nq].
+inline void forward(const fa::Problem& p, const float* q, const float* k, const float* v, std::vector<float>& o,
+                    std::vector<float>& lse) {
+  const int d = p.head_dim;
+  const float tau = p.softmax_scale();
+  o.assign(p.q_elems(), 0.f), lse.assign(p.lse_elems(), 0.f);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads; ++h) {
+      const float* Q = q + p.q_offset(b, h);
+      const float* K = k + p.kv_offset(b, p.kv_head_of(h));
+      const float* V = v + p.kv_offset(b, p.kv_head_of(h));
+      for (int i0 = 0; i0 < p.q_len; i0 += Br) {  // line 1: one GPU block per Q block
+        const int rows = std::min(Br, p.q_len - i0);
+        std::vector<float> m(rows, -INFINITY), l(rows, 0.f), acc(size_t(rows) * d, 0.f);  // line 2
+        for (int j0 = 0; j0 < kv_end(p, i0); j0 += Bc) {                                  // line 3
+          const int cols = std::min(Bc, p.kv_len - j0);                                   // line 4
+          for (int r = 0; r < rows; ++r) {
+            const int i = i0 + r;
+            std::vector<float> S(cols);
+            float mx = -INFINITY;
+            for (int c = 0; c < cols; ++c) {  // line 5: S_ij = tau Q_i K_j^T, masked
+              float s = 0;
+              for (int e = 0; e < d; ++e) s += Q[size_t(i) * d + e] * K[size_t(j0 + c) * d + e];
+              S[c] = masked(p, i, j0 + c) ? -INFINITY : tau * s;
+              mx = std::max(mx, S[c]);
+            }
+            const float m_new = std::max(m[r], mx);                  // line 6
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;    // guard (-inf) - (-inf)
+            const float alpha = std::exp(m[r] - m_use);
+            float rs = 0;
+            for (int c = 0; c < cols; ++c) rs += (S[c] = std::exp(S[c] - m_use));
+            l[r] = alpha * l[r] + rs;                                // line 7
+            m[r] = m_new;
+            for (int e = 0; e < d; ++e) {                            // line 8: O~_i = diag(alpha) O~_i + P~_ij V_j
+              float pv = 0;
+              for (int c = 0; c < cols; ++c) pv += S[c] * dropout_factor(p, b, h, i, j0 + c) * V[size_t(j0 + c) * d + e];
+              acc[size_t(r) * d + e] = alpha * acc[size_t(r) * d + e] + pv;
+            }
+          }
+        }
+        for (int r = 0; r < rows; ++r) {  // lines 9-11: one division, O and L written
+          const float inv_l = l[r] > 0.f ? 1.f / l[r] : 0.f;
+          for (int e = 0; e < d; ++e) o[p.q_offset(b, h) + size_t(i0 + r) * d + e] = acc[size_t(r) * d + e] * inv_l;
+          lse[p.lse_offset(b, h) + i0 + r] = l[r] > 0.f ? m[r] + std::log(l[r]) : -INFINITY;
+        }
+      }
+    }
+}
+
+// Backward (Algorithm 2) from O and L: dq [B,H,Nq,d]; dk, dv [B,Hkv,Nk,d] summed over each GQA group.
+// dQ is accumulated the deterministic way (lines 13-16); the Atomic variant adds the same terms in another order.
+inline void backward(const fa::Problem& p, const float* q, const float* k, const float* v, const float* o,
+                     const float* lse, const float* dout, std::vector<float>& dq, std::vector<float>& dk,
+                     std::vector<float>& dv) {
+  const int d = p.head_dim;
+  const float tau = p.softmax_scale();
+  dq.assign(p.q_elems(), 0.f), dk.assign(p.kv_elems(), 0.f), dv.assign(p.kv_elems(), 0.f);
+  std::vector<float> D(p.lse_elems());
+  for (size_t row = 0; row < D.size(); ++row) {  // line 1: D = rowsum(dO o O)
+    float s = 0;
+    for (int e = 0; e < d; ++e) s += dout[row * d + e] * o[row * d + e];
+    D[row] = s;
+  }
+  // P_ij and dS_ij of one element, recomputed from L (lines 6, 8, 9); returns P~_ij through pd.
+  auto element = [&](int b, int h, int i, int j, float* pd) {
+    const float* Qi = q + p.q_offset(b, h) + size_t(i) * d;
+    const float* dOi = dout + p.q_offset(b, h) + size_t(i) * d;
+    const float* Kj = k + p.kv_offset(b, p.kv_head_of(h)) + size_t(j) * d;
+    const float* Vj = v + p.kv_offset(b, p.kv_head_of(h)) + size_t(j) * d;
+    const float L = lse[p.lse_offset(b, h) + i];
+    if (masked(p, i, j) || L == -INFINITY) return *pd = 0.f, 0.f;
+    float s = 0, dp = 0;
+    for (int e = 0; e < d; ++e) s += Qi[e] * Kj[e], dp += dOi[e] * Vj[e];
+    const float P = std::exp(tau * s - L), z = dropout_factor(p, b, h, i, j);
+    *pd = P * z;
+    return P * (dp * z - D[p.lse_offset(b, h) + i]);
+  };
+  for (int b = 0; b < p.batch; ++b)
+    for (int hk = 0; hk < p.kv_heads; ++hk)
+      for (int j0 = 0; j0 < p.kv_len; j0 += Bc) {  // line 2: one GPU block per K/V block
+        const int cols = std::min(Bc, p.kv_len - j0);
+        std::vector<float> dK(size_t(cols) * d, 0.f), dV(size_t(cols) * d, 0.f);  // line 3
+        for (int h = hk * p.group(); h < (hk + 1) * p.group(); ++h)              // line 4: heads of the group
+          for (int i = 0; i < p.q_len; ++i)                                       // lines 5-10
+            for (int c = 0; c < cols; ++c) {
+              float pd;
+              const float dS = element(b, h, i, j0 + c, &pd);
+              for (int e = 0; e < d; ++e) {
+                dV[size_t(c) * d + e] += pd * dout[p.q_offset(b, h) + size_t(i) * d + e];
+                dK[size_t(c) * d + e] += dS * q[p.q_offset(b, h) + size_t(i) * d + e];
+              }
+            }
+        for (int c = 0; c < cols; ++c)  // line 12
+          for (int e = 0; e < d; ++e) {
+            dk[p.kv_offset(b, hk) + size_t(j0 + c) * d + e] = tau * dK[size_t(c) * d + e];
+            dv[p.kv_offset(b, hk) + size_t(j0 + c) * d + e] = dV[size_t(c) * d + e];
+          }
+      }
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads; ++h)
+      for (int i = 0; i < p.q_len; ++i) {  // lines 13-16: deterministic dQ_i = tau sum_j dS_ij K_j
+        const float* K = k + p.kv_offset(b, p.kv_head_of(h));
+        std::vector<float> acc(d, 0.f);
+        for (int j = 0; j < kv_end(p, i / Br * Br); ++j) {
+          float pd;
+          const float dS = element(b, h, i, j, &pd);
+          for (int e = 0; e < d; ++e) acc[e] += dS * K[size_t(j) * d + e];
+        }
+        for (int e = 0; e < d; ++e) dq[p.q_offset(b, h) + size_t(i) * d + e] = tau * acc[e];
+      }
+}
+
+}  // namespace fa2_model
