@@ -40,7 +40,7 @@ inline double hbm_bytes_naive_forward(const Problem& p) {
 }
 inline double hbm_bytes_naive_backward(const Problem& p) {
   const double nn = 4.0 * p.s_elems() * 7;
-  return nn + 4.0 * (5.0 * p.q_elems() + 4.0 * p.kv_elems());  // dO twice, Q, dQ; K, V, dK, dV
+  return nn + 4.0 * (4.0 * p.q_elems() + 4.0 * p.kv_elems());  // dO twice, Q, dQ; K, V, dK, dV
 }
 
 inline double tflops(double flops, double ms) { return ms > 0 ? flops / (ms * 1e9) : 0.0; }

@@ -46,6 +46,20 @@ void softmax_rows(const Problem& p, int b, int h, int i0, int i1, const float* q
   }
 }
 
+// Row i of dP = (dO V^T) o Z / (1-p) into dP [kv_len]; returns D_i = sum_j P_ij dP_ij.
+double dP_row(const Problem& p, int b, int h, int i, const double* Pi, const float* dO_i, const float* V,
+              double* dP) {
+  const int d = p.head_dim;
+  double D = 0;
+  for (int j = 0; j < p.kv_len; ++j) {
+    double dpd = 0;
+    for (int c = 0; c < d; ++c) dpd += double(dO_i[c]) * double(V[size_t(j) * d + c]);
+    dP[j] = dpd * dropout_factor(p, b, h, i, j);
+    D += Pi[j] * dP[j];
+  }
+  return D;
+}
+
 }  // namespace
 
 void reference_forward_rows(const Problem& p, int b, int h, int i0, int i1, const float* q,
@@ -92,17 +106,9 @@ void reference_backward_group(const Problem& p, int b, int hk, const float* q, c
     for (int i = 0; i < Nq; ++i) {
       const double* Pi = &P[size_t(i) * Nk];
       const double* Pdi = &Pd[size_t(i) * Nk];
-      // dV_j += P~_ij dO_i ;  dP_ij = (dO_i . V_j) * Z_ij / (1-p) ;  D_i = sum_j P_ij dP_ij
-      double D = 0;
-      for (int j = 0; j < Nk; ++j) {
-        double dpd = 0;
-        for (int c = 0; c < d; ++c) {
-          dv[size_t(j) * d + c] += Pdi[j] * double(dO[size_t(i) * d + c]);
-          dpd += double(dO[size_t(i) * d + c]) * double(V[size_t(j) * d + c]);
-        }
-        dP[j] = dpd * dropout_factor(p, b, h, i, j);
-        D += Pi[j] * dP[j];
-      }
+      for (int j = 0; j < Nk; ++j)  // dV_j += P~_ij dO_i
+        for (int c = 0; c < d; ++c) dv[size_t(j) * d + c] += Pdi[j] * double(dO[size_t(i) * d + c]);
+      const double D = dP_row(p, b, h, i, Pi, dO + size_t(i) * d, V, dP.data());
       for (int j = 0; j < Nk; ++j) {
         const double dS = Pi[j] * (dP[j] - D);
         for (int c = 0; c < d; ++c) {
@@ -110,6 +116,27 @@ void reference_backward_group(const Problem& p, int b, int hk, const float* q, c
           dk[size_t(j) * d + c] += scale * dS * double(Q[size_t(i) * d + c]);
         }
       }
+    }
+  }
+}
+
+void reference_dq_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
+                       const float* v, const float* dout, double* dq) {
+  const int d = p.head_dim, Nk = p.kv_len;
+  const double scale = p.softmax_scale();
+  const float* K = k + p.kv_offset(b, p.kv_head_of(h));
+  const float* V = v + p.kv_offset(b, p.kv_head_of(h));
+  const float* dO = dout + p.q_offset(b, h);
+  std::vector<double> P(size_t(i1 - i0) * Nk), Pd(P.size()), lse(i1 - i0), dP(Nk);
+  softmax_rows(p, b, h, i0, i1, q, k, P.data(), Pd.data(), lse.data());
+  for (int i = i0; i < i1; ++i) {
+    const double* Pi = &P[size_t(i - i0) * Nk];
+    const double D = dP_row(p, b, h, i, Pi, dO + size_t(i) * d, V, dP.data());
+    double* dQ = dq + size_t(i - i0) * d;
+    std::fill(dQ, dQ + d, 0.0);
+    for (int j = 0; j < Nk; ++j) {
+      const double dS = Pi[j] * (dP[j] - D);
+      for (int c = 0; c < d; ++c) dQ[c] += scale * dS * double(K[size_t(j) * d + c]);
     }
   }
 }

@@ -28,6 +28,11 @@ void reference_forward(const Problem& p, const float* q, const float* k, const f
 void reference_backward_group(const Problem& p, int b, int hk, const float* q, const float* k,
                               const float* v, const float* dout, double* dq, double* dk, double* dv);
 
+// dQ of query rows [i0, i1) of head (b, h) alone ([i1 - i0, head_dim]): each row of dQ needs only its
+// own row of P and dP, so a program can check a sample of rows of a problem too large for the group.
+void reference_dq_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
+                       const float* v, const float* dout, double* dq);
+
 // Backward for every head: dq in Q's layout, dk and dv in K's layout.
 void reference_backward(const Problem& p, const float* q, const float* k, const float* v,
                         const float* dout, std::vector<double>& dq, std::vector<double>& dk,

@@ -17,6 +17,13 @@ TEST_CASE("formulas: FLOPs and minimal bytes") {
   p.q_len = p.kv_len = 1000;
   CHECK(visible_pairs(p) == 1000.0 * 1001 / 2);  // about half of N^2
   CHECK(hbm_bytes_min_forward(p) == 4.0 * (2 * p.q_elems() + 2 * p.kv_elems()) + 4.0 * p.lse_elems());
+  // Standard attention, B H = 8, Nq = Nk = 1000, d = 64, H = 2 Hkv: S, P written and read (4 N^2 per head,
+  // 5 with P~); backward 7 N^2 per head plus dO twice, Q, dQ and K, V, dK, dV once.
+  const double nn = 8.0 * 1000 * 1000, qd = 8.0 * 1000 * 64, kvd = 4.0 * 1000 * 64, rows = 8.0 * 1000;
+  CHECK(hbm_bytes_naive_forward(p) == 4 * (4 * nn + 2 * qd + 2 * kvd + rows));
+  p.dropout_p = 0.1f;
+  CHECK(hbm_bytes_naive_forward(p) == 4 * (5 * nn + 2 * qd + 2 * kvd + rows));
+  CHECK(hbm_bytes_naive_backward(p) == 4 * (7 * nn + 4 * qd + 4 * kvd));
   CHECK(tflops(2e12, 1000.0) == doctest::Approx(2.0));
   CHECK(gbps(3e9, 1.0) == doctest::Approx(3000.0));
 }

@@ -171,6 +171,20 @@ TEST_CASE("reference backward equals central finite differences") {
   SUBCASE("dropout (the mask is fixed by the seed)") { check_gradient(tiny(4, 6, 4, false, 1, 1, 0.4f)); }
 }
 
+TEST_CASE("reference_dq_rows equals the rows of the full backward (causal, GQA, dropout, empty rows)") {
+  Problem p = tiny(13, 9, 5, true, 4, 2, 0.3f);  // q_len > kv_len: rows 0-3 see no key
+  const auto q = random_normal<float>(p.q_elems(), 1), k = random_normal<float>(p.kv_elems(), 2);
+  const auto v = random_normal<float>(p.kv_elems(), 3), dout = random_normal<float>(p.q_elems(), 4, 0.0);
+  std::vector<double> dq, dk, dv;
+  reference_backward(p, q.data(), k.data(), v.data(), dout.data(), dq, dk, dv);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads; ++h) {
+      std::vector<double> rows(size_t(8) * p.head_dim);
+      reference_dq_rows(p, b, h, 2, 10, q.data(), k.data(), v.data(), dout.data(), rows.data());
+      for (size_t e = 0; e < rows.size(); ++e) CHECK(rows[e] == doctest::Approx(dq[p.q_offset(b, h) + 2 * p.head_dim + e]));
+    }
+}
+
 TEST_CASE("reference_softmax: rows sum to 1 and large logits do not overflow") {
   auto x = random_normal<float>(5 * 33, 9, 0.0, 3000.0);
   std::vector<double> y(x.size());
