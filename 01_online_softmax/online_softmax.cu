@@ -1,11 +1,10 @@
 // Chapter 01: softmax from three passes to two (the online recurrence), the (m, l) merge operator,
 // and attention fused into one pass per query row. fp32. Pseudo-code: README.md, Algorithms 1-4.
 //
-// Kernels 1-3 (softmax_rows<kVariant, kVec4>): a block works on one row of x [rows, cols] at a time
-// and walks rows blockIdx.x + k gridDim.x. The row is strided over the block's threads, float4 at a
-// time when cols % 4 == 0 and x, y are 16-byte aligned (kVec4), else one float at a time. The block
-// has 128..1024 threads (about 16 elements each, see threads_for) and the grid is capped (grid_for) so
-// that the rows in flight on the GPU fit in L2 and the second read of a row hits it.
+// Kernels 1-3 (softmax_rows<kVariant, kVec4>): one block per row of x [rows, cols]; the row is strided
+// over the block's threads, float4 at a time when cols % 4 == 0 and x, y are 16-byte aligned (kVec4),
+// else one float at a time. The block has 128..1024 threads (about 16 elements each, see
+// threads_for), so that the rows in flight on the GPU fit in L2 and the second read of a row hits it.
 // Shared memory: 32 (m, l) pairs = 256 B.
 //   kernel 1, Variant::ThreePass   Algorithm 1: max, sum of exp, normalise  (x read 3 times)
 //   kernel 2, Variant::Online      Algorithm 2: each thread runs the recurrence on its elements; the
@@ -16,7 +15,6 @@
 // Kernel 4 (attention_rows<kSlots, kForm>): see its own comment below.
 #include "online_softmax.cuh"
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -105,10 +103,11 @@ __device__ MaxSum block_merge(MaxSum s, MaxSum* red) {
   return s;
 }
 
-// One row: row -> out, by the whole block.
 template <Variant kVariant, bool kVec4>
-__device__ void softmax_row(const float* __restrict__ row, float* __restrict__ out, int cols) {
+__global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y, int cols) {
   constexpr int W = Chunk<kVec4>::kWidth;
+  const float* row = x + size_t(blockIdx.x) * cols;
+  float* out = y + size_t(blockIdx.x) * cols;
   const int n_chunks = cols / W;  // kVec4 only when cols % 4 == 0
   float m, l;
   if constexpr (kVariant == Variant::ThreePass) {
@@ -158,16 +157,6 @@ __device__ void softmax_row(const float* __restrict__ row, float* __restrict__ o
   });
 }
 
-// A block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: the grid (grid_for) caps the rows in
-// flight so that they fit in L2 together.
-template <Variant kVariant, bool kVec4>
-__global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
-  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-    softmax_row<kVariant, kVec4>(x + size_t(r) * cols, y + size_t(r) * cols, cols);
-    __syncthreads();  // the reduction buffers are reused by the next row
-  }
-}
-
 // About kElemsPerThread elements per thread, a power of two in [kMinThreads, kMaxThreads]. Few
 // threads per row means many rows in flight per SM; for long rows that working set (rows in flight
 // x 4 cols bytes) would outgrow L2 and the second read would go back to HBM, so long rows get more
@@ -179,22 +168,6 @@ int threads_for(int cols) {
 }
 static_assert(kMaxThreads / kWarp <= kMaxWarps, "the reduction buffers hold one entry per warp");
 
-// Blocks in the grid: as many as can be resident at once (so no block waits for a second wave),
-// but no more rows in flight than half of L2 holds - and at least one per SM. Long rows are where
-// this binds: at cols = 65536 a row is 256 KiB, and two resident 1024-thread blocks per SM would
-// keep 264 rows = 66 MiB in flight, more than an H100's 50 MB L2, so the re-read would miss.
-template <class Kernel>
-int grid_for(Kernel kernel, int threads, int rows, int cols) {
-  int dev = 0, sms = 0, l2 = 0, resident = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, 0));
-  const size_t fit_per_sm = size_t(l2) / 2 / (size_t(cols) * sizeof(float)) / size_t(sms);
-  const int per_sm = std::max(1, std::min(resident, int(std::min<size_t>(fit_per_sm, 1 << 20))));
-  return std::min(rows, per_sm * sms);
-}
-
 template <Variant kVariant>
 void launch_softmax(const float* x, float* y, int rows, int cols) {
   if (rows < 1 || cols < 1)
@@ -202,8 +175,10 @@ void launch_softmax(const float* x, float* y, int rows, int cols) {
                          std::to_string(cols) + ")");
   const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (reinterpret_cast<uintptr_t>(y) % 16 == 0);
   const int threads = threads_for(cols);
-  auto kernel = cols % 4 == 0 && aligned ? softmax_rows<kVariant, true> : softmax_rows<kVariant, false>;
-  kernel<<<unsigned(grid_for(kernel, threads, rows, cols)), threads>>>(x, y, rows, cols);
+  if (cols % 4 == 0 && aligned)
+    softmax_rows<kVariant, true><<<unsigned(rows), threads>>>(x, y, cols);
+  else
+    softmax_rows<kVariant, false><<<unsigned(rows), threads>>>(x, y, cols);
   CHECK_LAUNCH();
 }
 
