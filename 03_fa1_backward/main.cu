@@ -59,9 +59,10 @@ bool run(fa::Options& opts) {
   const size_t naive_io = sizeof(float) * (2 * p.q_elems() + p.lse_elems() + 2 * p.kv_elems());
   const bool run_naive = ws_bytes + naive_io < free_bytes;
   if (!run_naive)
-    std::printf("skip:    00 backward needs %s for S, P%s, dP at this size; the device has %s free\n",
-                fa::human_bytes(double(ws_bytes + naive_io)).c_str(), p.dropout_p > 0 ? ", P~" : "",
-                fa::human_bytes(double(free_bytes)).c_str());
+    std::printf("skip:    00 backward needs %s for S, P%s, dP (plus %s for its own outputs) at this size; "
+                "the device has %s free\n",
+                fa::human_bytes(double(ws_bytes)).c_str(), p.dropout_p > 0 ? ", P~" : "",
+                fa::human_bytes(double(naive_io)).c_str(), fa::human_bytes(double(free_bytes)).c_str());
   std::printf("model:   backward %.4g FLOP (2.5 x the forward's %.4g); HBM traffic %s by Algorithm 4's count "
               "(Nd(5 + 5Tc) + 2N Tc elements per head without a mask), %s by the seed's 2Nd(4 + 5Tc) elements, "
               "%s for 00's backward\n",

@@ -45,9 +45,9 @@ Cli::Cli(std::string program, std::string description, Options defaults)
   add("--seed", Kind::Uint64, &p.seed, "seed of the random inputs and of the dropout mask");
   add("--iters", Kind::Int, &opts_.iters, "timed repetitions (median reported; 0 = no timing)");
   add("--warmup", Kind::Int, &opts_.warmup, "untimed repetitions before timing");
-  add("--csv", Kind::String, &opts_.csv, "append result rows to this CSV file");
-  add("--in", Kind::String, &opts_.in_dir, "read q.npy, k.npy, v.npy (do.npy) from this folder");
-  add("--out", Kind::String, &opts_.out_dir, "write o.npy, lse.npy (dq/dk/dv.npy) to this folder");
+  add("--csv", Kind::String, &opts_.csv, "append result rows to file S (CSV; JSON Lines if S ends in .jsonl)");
+  add("--in", Kind::String, &opts_.in_dir, "read q.npy, k.npy, v.npy (do.npy) from folder S");
+  add("--out", Kind::String, &opts_.out_dir, "write o.npy, lse.npy (dq/dk/dv.npy) to folder S");
   add("--help", Kind::Flag, &opts_.help, "print this help and exit");
 }
 
@@ -68,7 +68,8 @@ std::string Cli::usage() const {
   std::ostringstream s;
   s << "usage: " << program_ << " [options]\n" << description_ << "\n\noptions (default in brackets):\n";
   for (const auto& e : entries_) {
-    std::string flag = e.name + (e.kind == Kind::Flag ? "" : " X");
+    const char* metavar[] = {"", " N", " N", " X", " S"};  // Flag, Int, Uint64, Float, String
+    std::string flag = e.name + metavar[int(e.kind)];
     flag.resize(std::max<size_t>(flag.size() + 1, 16), ' ');
     s << "  " << flag << e.help;
     // derived defaults are described in the help text, not shown as a value

@@ -177,7 +177,7 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
 void report_rows(const Options& opts, const std::vector<ResultRow>& rows) {
   std::printf("\n%s", format_table(rows).c_str());
   if (!opts.csv.empty()) {
-    append_csv(opts.csv, rows);
+    append_rows(opts.csv, rows);
     std::printf("appended %zu row(s) to %s\n", rows.size(), opts.csv.c_str());
   }
 }

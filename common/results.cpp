@@ -1,5 +1,6 @@
 #include "results.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,9 @@ std::string num(double x, const char* fmt = "%.6g") {
   std::snprintf(b, sizeof b, fmt, x);
   return b;
 }
+
+// JSON has no nan or inf: a failed check's NaN error becomes null.
+std::string json_num(double x, const char* fmt = "%.6g") { return std::isfinite(x) ? num(x, fmt) : "null"; }
 
 }  // namespace
 
@@ -39,14 +43,16 @@ std::string json_line(const ResultRow& r) {
     << "\", \"pass\": \"" << r.pass << "\", \"dtype\": \"" << r.dtype << "\", \"B\": " << p.batch
     << ", \"H\": " << p.heads << ", \"Hkv\": " << p.kv_heads << ", \"Nq\": " << p.q_len
     << ", \"Nk\": " << p.kv_len << ", \"d\": " << p.head_dim << ", \"causal\": " << int(p.causal)
-    << ", \"dropout\": " << p.dropout_p << ", \"ms\": " << num(r.ms) << ", \"tflops\": " << num(r.tflops)
-    << ", \"gbps\": " << num(r.gbps) << ", \"model_hbm_bytes\": " << num(r.model_hbm_bytes, "%.0f")
-    << ", \"extra_bytes\": " << num(r.extra_bytes, "%.0f") << ", \"max_abs_err\": "
-    << num(r.max_abs_err, "%.3g") << "}";
+    << ", \"dropout\": " << p.dropout_p << ", \"ms\": " << json_num(r.ms)
+    << ", \"tflops\": " << json_num(r.tflops) << ", \"gbps\": " << json_num(r.gbps)
+    << ", \"model_hbm_bytes\": " << json_num(r.model_hbm_bytes, "%.0f")
+    << ", \"extra_bytes\": " << json_num(r.extra_bytes, "%.0f")
+    << ", \"max_abs_err\": " << json_num(r.max_abs_err, "%.3g") << "}";
   return s.str();
 }
 
-void append_csv(const std::string& path, const std::vector<ResultRow>& rows) {
+void append_rows(const std::string& path, const std::vector<ResultRow>& rows) {
+  const bool jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
   bool fresh;
   {
     std::ifstream in(path);
@@ -54,8 +60,8 @@ void append_csv(const std::string& path, const std::vector<ResultRow>& rows) {
   }
   std::ofstream f(path, std::ios::app);
   if (!f) throw std::runtime_error("cannot write " + path);
-  if (fresh) f << csv_header() << "\n";
-  for (const auto& r : rows) f << csv_line(r) << "\n";
+  if (fresh && !jsonl) f << csv_header() << "\n";
+  for (const auto& r : rows) f << (jsonl ? json_line(r) : csv_line(r)) << "\n";
 }
 
 std::string human_bytes(double bytes) {

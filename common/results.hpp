@@ -19,9 +19,11 @@ struct ResultRow {
 
 std::string csv_header();
 std::string csv_line(const ResultRow& r);
+// One JSON object per row, the CSV's fields under the same names; a non-finite number is null.
 std::string json_line(const ResultRow& r);
-// Appends rows to `path`, writing the header first if the file is new or empty.
-void append_csv(const std::string& path, const std::vector<ResultRow>& rows);
+// Appends rows to `path`: JSON Lines (one json_line each) if it ends in ".jsonl", else CSV, writing the
+// header first if the file is new or empty.
+void append_rows(const std::string& path, const std::vector<ResultRow>& rows);
 // A fixed-width table for the terminal.
 std::string format_table(const std::vector<ResultRow>& rows);
 // "1.50 GiB", "96.0 KiB"

@@ -4,7 +4,7 @@
 # row format. Run it on a GPU machine after building (see README.md):
 #   scripts/measure.sh [BUILD_DIR] [CSV]       default: build, docs/results/<gpu>.csv
 # Each command is echoed before it runs, so a README can quote it. A failed check makes the exit code 1
-# but the remaining measurements still run. Takes about 6 minutes on an H100.
+# but the remaining measurements still run. Takes about 8 minutes on an H100.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}

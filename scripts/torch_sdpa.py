@@ -85,6 +85,7 @@ def check(build):
 
 def bench(a):
     dev = torch.cuda.get_device_name()
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {dev}")
     flush = torch.empty(2 * 64 * 2**20, dtype=torch.int8, device="cuda")
     rows = []
     for n in a.sizes:

@@ -1,6 +1,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "formulas.hpp"
 #include "results.hpp"
@@ -37,5 +43,33 @@ TEST_CASE("result rows: one header, one line per row") {
   CHECK(std::count(h.begin(), h.end(), ',') == std::count(l.begin(), l.end(), ','));
   CHECK(l.rfind("\"NVIDIA H100 80GB HBM3\",00,naive,fwd,fp32,1,1,1,1024,1024,64,0,0,1.5,", 0) == 0);
   CHECK(json_line(r).find("\"Nq\": 1024") != std::string::npos);
+  CHECK(json_line(r).find("\"max_abs_err\": -1}") != std::string::npos);
+  r.max_abs_err = std::nan("");  // a failed check: JSON has no NaN
+  CHECK(json_line(r).find("\"max_abs_err\": null}") != std::string::npos);
   CHECK(human_bytes(1536) == "1.5 KiB");
+}
+
+TEST_CASE("result rows: --csv appends CSV with one header, or JSON Lines for .jsonl") {
+  ResultRow r;
+  r.chapter = "00", r.kernel = "naive";
+  auto read_lines = [](const std::string& path) {
+    std::ifstream f(path);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(f, l);) lines.push_back(l);
+    return lines;
+  };
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string csv = dir + "/fa_rows_test.csv", jsonl = dir + "/fa_rows_test.jsonl";
+  std::remove(csv.c_str()), std::remove(jsonl.c_str());
+  append_rows(csv, {r});
+  append_rows(csv, {r, r});  // the header is written once
+  const auto c = read_lines(csv);
+  REQUIRE(c.size() == 4);
+  CHECK(c[0] == csv_header());
+  CHECK(c[3] == csv_line(r));
+  append_rows(jsonl, {r, r});
+  const auto j = read_lines(jsonl);
+  REQUIRE(j.size() == 2);
+  CHECK(j[0] == json_line(r));
+  std::remove(csv.c_str()), std::remove(jsonl.c_str());
 }
