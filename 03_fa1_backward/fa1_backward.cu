@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cuda_check.cuh"
+#include "model.hpp"  // the HBM counts
 #include "philox.hpp"
 
 namespace fa1 {
@@ -229,24 +230,7 @@ void backward(const fa::Problem& p, RngState rng, const float* q, const float* k
   }
 }
 
-double backward_seed_formula_bytes(const fa::Problem& p) {
-  const double d = p.head_dim, Tc = (p.kv_len + kBc - 1) / kBc;
-  return 4.0 * p.batch * p.heads * 2 * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
-}
-
-double backward_hbm_bytes(const fa::Problem& p) {
-  // What the kernel moves, in floats: per kv head K, V read and dK, dV written once; per visited
-  // (K/V block, Q block) pair Q_i, O_i, dO_i read, dQ_i read and written (5 Br d) plus m_i, l_i;
-  // dQ zeroed once. Without a mask and Nq = Nk = N, H = Hkv: Nd(5 + 5 Tc) + 2 N Tc per head.
-  double rows = 0;  // query rows visited, summed over the K/V blocks
-  for (int j0 = 0; j0 < p.kv_len; j0 += kBc) {
-    const int first = p.causal ? std::max(0, j0 - (p.kv_len - p.q_len)) / kBr * kBr : 0;
-    rows += p.q_len - first;
-  }
-  const double d = p.head_dim;
-  const double per_kv_head = 4.0 * p.kv_len * d;
-  const double per_head = rows * (5.0 * d + 2.0) + p.q_len * d;
-  return 4.0 * (double(p.batch) * p.kv_heads * per_kv_head + double(p.batch) * p.heads * per_head);
-}
+double backward_seed_formula_bytes(const fa::Problem& p) { return fa1_bwd_model::seed_formula_bytes(p, kBc); }
+double backward_hbm_bytes(const fa::Problem& p) { return fa1_bwd_model::hbm_bytes(p, kBr, kBc); }
 
 }  // namespace fa1

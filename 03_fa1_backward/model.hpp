@@ -160,4 +160,24 @@ inline void backward(const fa::Problem& p, int Br, int Bc, const float* q, const
       backward_group(p, Br, Bc, b, hk, q, k, v, o, l, m, dout, dq.data(), dk.data(), dv.data());
 }
 
+// HBM traffic of the kernel, in bytes (fp32), for the result rows (README section 4). Per kv head K, V are
+// read and dK, dV written once; per visited (K/V tile, Q tile) pair Q_i, O_i, dO_i are read and dQ_i read
+// and written (5 Br d) plus m_i, l_i; dQ is zeroed once. Without a mask, Nq = Nk = N and H = Hkv this is
+// Nd(5 + 5 Tc) + 2 N Tc elements per head.
+inline double hbm_bytes(const fa::Problem& p, int Br, int Bc) {
+  double rows = 0;  // query rows visited, summed over the K/V tiles
+  for (int j0 = 0; j0 < p.kv_len; j0 += Bc) rows += p.q_len - first_q_tile_row(p, Br, j0);
+  const double d = p.head_dim;
+  const double per_kv_head = 4.0 * p.kv_len * d;
+  const double per_head = rows * (5.0 * d + 2.0) + p.q_len * d;
+  return 4.0 * (double(p.batch) * p.kv_heads * per_kv_head + double(p.batch) * p.heads * per_head);
+}
+
+// The seed's formula 2 N d (4 + 5 Tc) elements per head, as 2 d (4 Nk + 5 Nq Tc), in bytes: printed next to
+// the count above for comparison (README section 4 says how the two differ).
+inline double seed_formula_bytes(const fa::Problem& p, int Bc) {
+  const double d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
+  return 4.0 * p.batch * p.heads * 2 * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
+}
+
 }  // namespace fa1_bwd_model

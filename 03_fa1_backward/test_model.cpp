@@ -44,3 +44,17 @@ TEST_CASE("03 model: GQA, dropout, custom scale, empty causal rows, the kernel's
   check_model(p, 7, 5);
   check_model(make(1, 2, 1, 97, 113, 32, true, 0.1f), 32, 64);
 }
+
+TEST_CASE("03 HBM count: Nd(5 + 5 Tc) + 2 N Tc elements per head without a mask; causal tiles skipped") {
+  Problem p = make(1, 1, 1, 1024, 1024, 64, false);
+  const double N = 1024, d = 64, Tc = 16;  // Bc = 64
+  CHECK(fa1_bwd_model::hbm_bytes(p, 32, 64) == 4 * (N * d * (5 + 5 * Tc) + 2 * N * Tc));
+  CHECK(fa1_bwd_model::seed_formula_bytes(p, 64) == 4 * 2 * N * d * (4 + 5 * Tc));
+  // Causal, Br = 32: K/V tile j (keys 64j..64j+63) is first seen by query row 64j, so it visits N - 64j rows:
+  // 16 N - 64 (0 + 1 + ... + 15) = 8704 rows in all, each moving 5d + 2 elements.
+  p.causal = true;
+  CHECK(fa1_bwd_model::hbm_bytes(p, 32, 64) == 4 * (4 * N * d + N * d + 8704 * (5 * d + 2)));
+  // GQA: K, V, dK, dV once per kv head, the rest once per query head.
+  p = make(2, 4, 2, 1024, 1024, 64, false);
+  CHECK(fa1_bwd_model::hbm_bytes(p, 32, 64) == 4 * (2 * 2 * 4 * N * d + 2 * 4 * (N * Tc * (5 * d + 2) + N * d)));
+}

@@ -12,6 +12,7 @@
 #include "fa1_backward.cuh"
 #include "fa2.cuh"
 #include "formulas.hpp"
+#include "model.hpp"
 #include "program.cuh"
 #include "testing.hpp"
 #include "timer.cuh"
@@ -28,38 +29,11 @@ fa::Options defaults() {
   return o;
 }
 
-// Keys the rows [i0, i0 + rows) see at most (the forward's K/V loop bound, causal block skipping included).
-long long kv_rows_seen(const fa::Problem& p, int i0, int rows) {
-  if (!p.causal) return p.kv_len;
-  const int last = std::min(i0 + rows, p.q_len) - 1;
-  return std::clamp(last + p.kv_len - p.q_len + 1, 0, p.kv_len);
-}
-
-// HBM bytes of the 04 kernels as the code reads them: every Q block streams the K/V rows it sees.
-double hbm_bytes_fa2_forward(const fa::Problem& p) {
-  const fa2::Tiles t = fa2::forward_tiles();
-  double kv_rows = 0;  // per head
-  for (int i0 = 0; i0 < p.q_len; i0 += t.Br) kv_rows += double(kv_rows_seen(p, i0, t.Br));
-  const double per_head = 4.0 * (2.0 * p.q_len * p.head_dim + p.q_len + 2.0 * kv_rows * p.head_dim);
-  return per_head * p.batch * p.heads;
-}
-// D kernel (O, dO -> D); K/V kernel (K, V once; Q, dO, L, D once per K/V block that sees them; dK, dV once;
-// atomic dQ: read and written once per K/V block); deterministic dQ kernel (Q, dO, L, D once; K, V per Q block).
+// HBM bytes of the 04 kernels with their tile sizes (the counts are in model.hpp, tested on the CPU).
+double hbm_bytes_fa2_forward(const fa::Problem& p) { return fa2_model::hbm_bytes_forward(p, fa2::forward_tiles().Br); }
 double hbm_bytes_fa2_backward(const fa::Problem& p, fa2::DqMode mode) {
-  const int d = p.head_dim;
   const fa2::Tiles tb = fa2::backward_tiles(), tf = fa2::forward_tiles();
-  double q_rows = 0;  // per head: query rows the K/V blocks read, summed over K/V blocks
-  for (int j0 = 0; j0 < p.kv_len; j0 += tb.Bc) {
-    const int first = p.causal ? std::max(0, j0 - (p.kv_len - p.q_len)) : 0;
-    q_rows += std::max(0, p.q_len - first / tb.Br * tb.Br);
-  }
-  const double heads = double(p.batch) * p.heads;
-  double bytes = 4.0 * heads * p.q_len * (2.0 * d + 1);                          // D = rowsum(dO o O)
-  bytes += 4.0 * (4.0 * p.kv_elems() + heads * q_rows * (2.0 * d + 2));           // K/V kernel
-  if (mode == fa2::DqMode::Atomic) return bytes + 4.0 * heads * q_rows * 2.0 * d;  // dQ read-modify-write
-  double kv_rows = 0;
-  for (int i0 = 0; i0 < p.q_len; i0 += tf.Br) kv_rows += double(kv_rows_seen(p, i0, tf.Br));
-  return bytes + 4.0 * heads * (p.q_len * (3.0 * d + 2) + 2.0 * kv_rows * d);
+  return fa2_model::hbm_bytes_backward(p, mode == fa2::DqMode::Atomic, tb.Br, tb.Bc, tf.Br);
 }
 
 void print_work_notes(const fa::Problem& p) {
@@ -68,7 +42,7 @@ void print_work_notes(const fa::Problem& p) {
   const long long tr = (p.q_len + t.Br - 1) / t.Br, tc = (p.kv_len + t.Bc - 1) / t.Bc;
   const long long grid = tr * p.heads * p.batch;
   long long tiles = 0;  // (i, j) tiles the forward visits per head
-  for (int i0 = 0; i0 < p.q_len; i0 += t.Br) tiles += (kv_rows_seen(p, i0, t.Br) + t.Bc - 1) / t.Bc;
+  for (int i0 = 0; i0 < p.q_len; i0 += t.Br) tiles += (fa2_model::kv_rows_seen(p, i0, t.Br) + t.Bc - 1) / t.Bc;
   std::printf("grid:    forward %lld blocks = %lld Q blocks x %d heads x %d batch on %d SMs (%.1f blocks/SM);\n"
               "         a grid over (batch, head) alone would have %d blocks (%.2f per SM)\n",
               grid, tr, p.heads, p.batch, sms, double(grid) / sms, p.batch * p.heads, double(p.batch * p.heads) / sms);

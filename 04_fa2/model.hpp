@@ -19,12 +19,13 @@ inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
   return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
 }
 inline bool masked(const fa::Problem& p, int i, int j) { return j >= p.kv_len || (p.causal && j > i + p.kv_len - p.q_len); }
-// Keys seen by the rows [i0, i0 + Br) at most: the K/V loop stops there (causal block skipping).
-inline int kv_end(const fa::Problem& p, int i0) {
+// Keys seen by the rows [i0, i0 + rows) at most: a Q block's K/V loop stops there (causal block skipping).
+inline int kv_rows_seen(const fa::Problem& p, int i0, int rows) {
   if (!p.causal) return p.kv_len;
-  const int last_row = std::min(i0 + Br, p.q_len) - 1;
+  const int last_row = std::min(i0 + rows, p.q_len) - 1;
   return std::clamp(last_row + p.kv_len - p.q_len + 1, 0, p.kv_len);
 }
+inline int kv_end(const fa::Problem& p, int i0) { return kv_rows_seen(p, i0, Br); }
 
 // Forward (Algorithm 1): o [B,H,Nq,d], lse [B,H,Nq].
 inline void forward(const fa::Problem& p, const float* q, const float* k, const float* v, std::vector<float>& o,
@@ -136,6 +137,33 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
         }
         for (int e = 0; e < d; ++e) dq[p.q_offset(b, h) + size_t(i) * d + e] = tau * acc[e];
       }
+}
+
+// HBM traffic of the kernels, in bytes (fp32), for the result rows, as the code reads and writes.
+// Forward with Q blocks of Br rows: Q, O once, LSE once; every Q block streams the K/V rows it sees.
+inline double hbm_bytes_forward(const fa::Problem& p, int Br) {
+  double kv_rows = 0;  // per head
+  for (int i0 = 0; i0 < p.q_len; i0 += Br) kv_rows += kv_rows_seen(p, i0, Br);
+  const double per_head = 4.0 * (2.0 * p.q_len * p.head_dim + p.q_len + 2.0 * kv_rows * p.head_dim);
+  return per_head * p.batch * p.heads;
+}
+// Backward: the D kernel (O, dO -> D); the K/V kernel with Br_kv x Bc tiles (K, V once; Q, dO, L, D once
+// per K/V block that sees them; dK, dV once); then either atomic dQ (read and written once per K/V block)
+// or the deterministic dQ kernel with Q blocks of Br_q rows (Q, dO, L, D read and dQ written once; K, V per
+// Q block).
+inline double hbm_bytes_backward(const fa::Problem& p, bool atomic_dq, int Br_kv, int Bc, int Br_q) {
+  const double d = p.head_dim, heads = double(p.batch) * p.heads;
+  double q_rows = 0;  // per head: query rows the K/V blocks read, summed over K/V blocks
+  for (int j0 = 0; j0 < p.kv_len; j0 += Bc) {
+    const int first = p.causal ? std::max(0, j0 - (p.kv_len - p.q_len)) : 0;
+    q_rows += std::max(0, p.q_len - first / Br_kv * Br_kv);
+  }
+  double bytes = 4.0 * heads * p.q_len * (2.0 * d + 1);                          // D = rowsum(dO o O)
+  bytes += 4.0 * (4.0 * p.kv_elems() + heads * q_rows * (2.0 * d + 2));           // K/V kernel
+  if (atomic_dq) return bytes + 4.0 * heads * q_rows * 2.0 * d;                   // dQ read-modify-write
+  double kv_rows = 0;
+  for (int i0 = 0; i0 < p.q_len; i0 += Br_q) kv_rows += kv_rows_seen(p, i0, Br_q);
+  return bytes + 4.0 * heads * (p.q_len * (3.0 * d + 2) + 2.0 * kv_rows * d);
 }
 
 }  // namespace fa2_model

@@ -53,3 +53,26 @@ TEST_CASE("04 model: dropout (same Philox mask as the reference), causal with q_
   for (float drop : {0.1f, 0.5f}) check_model(make(1, 4, 2, 97, 150, 8, true, drop));
   check_model(make(2, 2, 1, 150, 97, 8, true, 0.2f));
 }
+
+TEST_CASE("04 HBM counts: every Q block streams the K/V rows it sees; causal blocks skipped") {
+  Problem p = make(1, 1, 1, 1024, 1024, 64, false);
+  const double N = 1024, d = 64, T = 16;  // 64-row blocks
+  CHECK(fa2_model::hbm_bytes_forward(p, 64) == 4 * (2 * N * d + N + 2 * T * N * d));
+  // Backward, K/V tiles of 64 keys and 32 query rows, deterministic dQ with 64-row Q blocks.
+  const double d_kernel = 4 * N * (2 * d + 1), kv_kernel = 4 * (4 * N * d + T * N * (2 * d + 2));
+  CHECK(fa2_model::hbm_bytes_backward(p, true, 32, 64, 64) == d_kernel + kv_kernel + 4 * T * N * 2 * d);
+  CHECK(fa2_model::hbm_bytes_backward(p, false, 32, 64, 64) ==
+        d_kernel + kv_kernel + 4 * (N * (3 * d + 2) + 2 * T * N * d));
+  // Causal, Nq = Nk: Q block i sees 64 (i + 1) keys, 64 (1 + ... + 16) = 8704 in all; K/V block j is read
+  // by the N - 64 j query rows at and below the diagonal, 8704 as well.
+  p.causal = true;
+  CHECK(fa2_model::hbm_bytes_forward(p, 64) == 4 * (2 * N * d + N + 2 * 8704 * d));
+  CHECK(fa2_model::hbm_bytes_backward(p, true, 32, 64, 64) ==
+        4 * N * (2 * d + 1) + 4 * (4 * N * d + 8704 * (2 * d + 2)) + 4 * 8704 * 2 * d);
+  // Bottom-right alignment: Nq = 192, Nk = 64 leaves query rows 0..127 with no key, so only the last
+  // Q block reads K/V; Nq = 64, Nk = 192 lets every row see keys up to i + 128, i.e. all 192.
+  p = make(1, 1, 1, 192, 64, 64, true);
+  CHECK(fa2_model::hbm_bytes_forward(p, 64) == 4 * (2 * 192 * d + 192 + 2 * 64 * d));
+  p = make(1, 1, 1, 64, 192, 64, true);
+  CHECK(fa2_model::hbm_bytes_forward(p, 64) == 4 * (2 * 64 * d + 64 + 2 * 192 * d));
+}
