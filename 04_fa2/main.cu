@@ -5,7 +5,6 @@
 //   ./fa2 --sweep --backward --iters 5  N = 1024, 4096, 16384 x d = 64, 128, causal off and on
 //   ./fa2 --batch 1 --heads 2 --q-len 16384   grid size vs SM count when batch*heads is small
 //   ./fa2 --in DIR --out DIR            your own q/k/v(/do).npy; writes o/lse(/dq/dk/dv).npy
-#include <algorithm>
 #include <cstdio>
 
 #include "device_tensors.cuh"
