@@ -5,11 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FA_HD __host__ __device__ __forceinline__
-#else
-#define FA_HD inline
-#endif
+#include "hd.hpp"
 
 namespace fa {
 

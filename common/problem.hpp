@@ -9,14 +9,16 @@
 //   empty row a query that sees no key (causal, q_len > kv_len) has O = 0 and LSE = -inf
 //   dropout   applied to P after the softmax, kept entries scaled by 1/(1-p); the keep-mask is
 //             common/philox.hpp's dropout_keep(seed, offset, b, h, i, j), so every kernel and the
-//             CPU reference draw the same mask.
+//             CPU reference draw the same mask (Problem::dropout_scale).
 #pragma once
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "hd.hpp"
+#include "philox.hpp"
 
 namespace fa {
 
@@ -25,6 +27,9 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The problem, on the host and in every kernel: chapters pass it by value to their kernels, so the
+// geometry, the causal mask and the dropout factor below are defined once for all of them (and for the
+// plain C++ models). The names are the papers' (docs/notation.md).
 struct Problem {
   int batch = 1;
   int heads = 1;
@@ -38,13 +43,33 @@ struct Problem {
   uint64_t seed = 0;    // dropout RNG key
   uint64_t offset = 0;  // dropout RNG offset (a second call with the same seed draws a new mask)
 
-  float softmax_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(float(head_dim)); }
-  int group() const { return heads / kv_heads; }  // query heads per kv head
-  int kv_head_of(int h) const { return h / group(); }
-  // Number of keys query row i sees (0 for an empty causal row).
-  int visible_keys(int i) const {
+  FA_HD float softmax_scale() const { return scale != 0.f ? scale : 1.f / sqrtf(float(head_dim)); }
+  FA_HD int group() const { return heads / kv_heads; }  // query heads per kv head
+  FA_HD int kv_head_of(int h) const { return h / group(); }
+
+  // ---- the causal mask (bottom-right aligned), the one definition every kernel and model uses ----
+  // Query i sees key j iff j <= i + causal_shift(); with q_len == kv_len the shift is 0.
+  FA_HD int causal_shift() const { return kv_len - q_len; }
+  // Does query i see key j? (false past the end of the keys, so tail columns of a tile are masked too)
+  FA_HD bool visible(int i, int j) const { return j < kv_len && (!causal || j <= i + causal_shift()); }
+  // Number of keys query row i sees: keys 0 .. visible_keys(i) - 1 (0 for an empty causal row).
+  FA_HD int visible_keys(int i) const {
     if (!causal) return kv_len;
-    return std::clamp(i + kv_len - q_len + 1, 0, kv_len);
+    const int n = i + causal_shift() + 1;
+    return n < 0 ? 0 : n > kv_len ? kv_len : n;
+  }
+  // The first query row that sees key j (the backward skips the Q blocks before it).
+  FA_HD int first_query_seeing(int j) const {
+    if (!causal) return 0;
+    const int i = j - causal_shift();
+    return i < 0 ? 0 : i;
+  }
+
+  // ---- dropout: the factor Z_ij / (1 - p) applied to P_ij, the same draw in every chapter ----
+  FA_HD uint32_t dropout_threshold() const { return fa::dropout_threshold(dropout_p); }
+  FA_HD float dropout_scale(int b, int h, int i, int j) const {
+    if (dropout_p == 0.f) return 1.f;
+    return dropout_keep(seed, offset, b, h, i, j, dropout_threshold()) ? 1.f / (1.f - dropout_p) : 0.f;
   }
 
   size_t q_elems() const { return size_t(batch) * heads * q_len * head_dim; }
@@ -53,9 +78,9 @@ struct Problem {
   size_t s_elems() const { return size_t(batch) * heads * q_len * kv_len; }  // one N x N matrix per head
 
   // Offsets of the first element of a head's matrix.
-  size_t q_offset(int b, int h) const { return (size_t(b) * heads + h) * q_len * head_dim; }
-  size_t kv_offset(int b, int hk) const { return (size_t(b) * kv_heads + hk) * kv_len * head_dim; }
-  size_t lse_offset(int b, int h) const { return (size_t(b) * heads + h) * q_len; }
+  FA_HD size_t q_offset(int b, int h) const { return (size_t(b) * heads + h) * q_len * head_dim; }
+  FA_HD size_t kv_offset(int b, int hk) const { return (size_t(b) * kv_heads + hk) * kv_len * head_dim; }
+  FA_HD size_t lse_offset(int b, int h) const { return (size_t(b) * heads + h) * q_len; }
 
   // Throws UsageError naming the bad value and the values that work.
   void validate() const {
