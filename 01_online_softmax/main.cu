@@ -149,7 +149,7 @@ int main(int argc, char** argv) try {
     naive::Workspace ws(p, false);
     fa::ResultRow r0 = fa::result_row("00", "naive", "fwd", p);
     r0.model_hbm_bytes = fa::hbm_bytes_naive_forward(p), r0.extra_bytes = double(ws_bytes);
-    ok = fa::compare_forward(opts, in, t, r2, r0, [&] {
+    ok = fa::compare_with(opts, in, t, r2, r0, [&] {
       naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws);
     }, rows) && ok;
   } else {

@@ -82,7 +82,7 @@ int main(int argc, char** argv) try {
     naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws);  // P for 00's backward
     fa::ResultRow r0 = fa::result_row("00", "naive", "bwd", p);
     r0.model_hbm_bytes = fa::hbm_bytes_naive_backward(p), r0.extra_bytes = double(naive_ws);
-    ok = fa::compare_backward(opts, in, t, rb, r0, [&] {
+    ok = fa::compare_with(opts, in, t, rb, r0, [&] {
       naive::backward(p, t.q.get(), t.k.get(), t.v.get(), t.dout.get(), ws, t.dq.get(), t.dk.get(), t.dv.get());
     }, rows) && ok;
   } else {

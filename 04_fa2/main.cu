@@ -123,14 +123,14 @@ bool run_problem(const fa::Options& opts, const Flags& f, const std::vector<fa2:
   fa::ResultRow r02 = fa::result_row("02", "fa1_forward", "fwd", p);
   r02.model_hbm_bytes = fa1::forward_hbm_bytes(p, fa1::block_sizes(p.head_dim, fa1::device_sram_bytes()));
   r02.extra_bytes = 2.0 * 4 * p.lse_elems();
-  ok = fa::compare_forward(opts, in, t, step_rows.back(), r02, [&] {
+  ok = fa::compare_with(opts, in, t, step_rows.back(), r02, [&] {
     rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.lse.get());
   }, rows) && ok;
   for (size_t i = 0; i + 1 < step_rows.size() && opts.iters > 0; ++i) fa::print_speedup(step_rows[i], rows.back());
   if (f.backward) {
     fa::ResultRow r03 = fa::result_row("03", "fa1_backward", "bwd", p);
     r03.model_hbm_bytes = fa1::backward_hbm_bytes(p), r03.extra_bytes = 2.0 * 4 * p.lse_elems();
-    ok = fa::compare_backward(opts, in, t, bwd_rows[0], r03, [&] {
+    ok = fa::compare_with(opts, in, t, bwd_rows[0], r03, [&] {
       fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.dout.get(), t.dq.get(),
                     t.dk.get(), t.dv.get());
     }, rows) && ok;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "problem.hpp"  // UsageError
+#include "replace_file.hpp"
 
 namespace fa {
 namespace {
@@ -25,10 +26,7 @@ std::string header_for(const char* descr, const std::vector<size_t>& shape) {
 template <class T>
 void write_impl(const std::string& path, const char* descr, const std::vector<size_t>& shape,
                 const T* data) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw std::runtime_error("cannot write " + tmp);
+  replace_file(path, [&](std::ofstream& f) {
     const std::string h = header_for(descr, shape);
     const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(h.size() & 0xFF),
                                    (unsigned char)(h.size() >> 8)};
@@ -37,16 +35,7 @@ void write_impl(const std::string& path, const char* descr, const std::vector<si
     size_t n = 1;
     for (size_t d : shape) n *= d;
     f.write(reinterpret_cast<const char*>(data), std::streamsize(n * sizeof(T)));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("error while writing " + tmp + " (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot rename " + tmp + " to " + path);
-  }
+  });
 }
 
 std::string field(const std::string& header, const std::string& key, const std::string& path) {

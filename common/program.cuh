@@ -4,7 +4,7 @@
 //   run_and_check_*        one run on NaN-poisoned outputs, checked against the fp64 reference
 //   write_outputs          --out: o.npy, lse.npy (and dq/dk/dv.npy) from the device tensors
 //   result_row, time_kernel  the one way to build a result row and to time a kernel for it
-//   compare_forward/_backward  the previous chapter's kernel on the same inputs, in one call
+//   compare_with           the previous chapter's kernel on the same inputs, in one call
 #pragma once
 #include <cstdio>
 #include <string>
@@ -93,25 +93,15 @@ ResultRow time_kernel(const Options& opts, ResultRow row, Fn&& run) {
 }
 
 // Another chapter's kernel next to this one, in one call: run once on t's poisoned outputs and
-// checked against fp64, then (if opts.iters > 0) timed into `row`, appended to rows, and this
-// chapter's row `mine` is printed as a speed-up over it. Returns whether the check passed.
+// checked against fp64 (the forward or backward check, by row.pass; a backward `run` needs its
+// forward's results in place), then, if opts.iters > 0, timed into `row`, appended to rows, and this
+// chapter's row `mine` printed as a speed-up over it. Returns whether the check passed.
 template <class Fn>
-bool compare_forward(const Options& opts, const HostTensors& in, DeviceTensors& t, const ResultRow& mine,
-                     ResultRow row, Fn&& run, std::vector<ResultRow>& rows) {
-  const ErrorReport e = run_and_check_forward(row.chapter + " " + row.kernel, row.problem, in, t, run);
-  row.max_abs_err = e.max_abs;
-  if (opts.iters > 0) {
-    rows.push_back(time_kernel(opts, row, run));
-    print_speedup(mine, rows.back());
-  }
-  return e.ok();
-}
-// The same for a backward pass; `run` must leave what the backward needs (its forward) in place
-// before its first call.
-template <class Fn>
-bool compare_backward(const Options& opts, const HostTensors& in, DeviceTensors& t, const ResultRow& mine,
-                      ResultRow row, Fn&& run, std::vector<ResultRow>& rows) {
-  const ErrorReport e = run_and_check_backward(row.chapter + " " + row.kernel, row.problem, in, t, run);
+bool compare_with(const Options& opts, const HostTensors& in, DeviceTensors& t, const ResultRow& mine, ResultRow row,
+                  Fn&& run, std::vector<ResultRow>& rows) {
+  const std::string label = row.chapter + " " + row.kernel;
+  const ErrorReport e = row.pass == "bwd" ? run_and_check_backward(label, row.problem, in, t, run)
+                                          : run_and_check_forward(label, row.problem, in, t, run);
   row.max_abs_err = e.max_abs;
   if (opts.iters > 0) {
     rows.push_back(time_kernel(opts, row, run));

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "replace_file.hpp"
+
 namespace fa {
 namespace {
 
@@ -59,26 +61,13 @@ void append_rows(const std::string& path, const std::vector<ResultRow>& rows) {
     std::ifstream in(path, std::ios::binary);
     if (in) old.assign(std::istreambuf_iterator<char>(in), {});
   }
-  // The old rows and the new ones go to PATH.tmp, which then replaces PATH: an interrupted or failed
-  // write leaves the old file as it was.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw std::runtime_error("cannot write " + tmp);
+  // The old rows and the new ones replace the file whole: a failed write leaves the old file as it was.
+  replace_file(path, [&](std::ofstream& f) {
     f << old;
     if (!old.empty() && old.back() != '\n') f << "\n";
     if (old.empty() && !jsonl) f << csv_header() << "\n";
     for (const auto& r : rows) f << (jsonl ? json_line(r) : csv_line(r)) << "\n";
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("error while writing " + tmp + " (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot rename " + tmp + " to " + path);
-  }
+  });
 }
 
 std::string format_table(const std::vector<ResultRow>& rows) {
