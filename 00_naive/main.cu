@@ -62,13 +62,12 @@ int main(int argc, char** argv) try {
   // 5. Time (the model HBM bytes count S and P as well: formulas.hpp).
   std::vector<fa::ResultRow> rows;
   if (opts.iters > 0) {
-    fa::ResultRow f = fa::result_row("00", "naive", "fwd", p);
-    f.model_hbm_bytes = fa::hbm_bytes_naive_forward(p), f.extra_bytes = double(naive::workspace_bytes(p, false));
+    fa::ResultRow f = fa::naive_row(p, "fwd", double(naive::workspace_bytes(p, false)));
     f.max_abs_err = ef.max_abs;
     rows.push_back(fa::time_kernel(opts, f, fwd));
     if (backward) {
-      fa::ResultRow b = fa::result_row("00", "naive", "bwd", p);
-      b.model_hbm_bytes = fa::hbm_bytes_naive_backward(p), b.extra_bytes = double(ws_bytes), b.max_abs_err = eb.max_abs;
+      fa::ResultRow b = fa::naive_row(p, "bwd", double(ws_bytes));
+      b.max_abs_err = eb.max_abs;
       rows.push_back(fa::time_kernel(opts, b, bwd));
     }
   }

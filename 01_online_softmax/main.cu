@@ -147,11 +147,8 @@ int main(int argc, char** argv) try {
   const size_t ws_bytes = naive::workspace_bytes(p, false);
   if (double(ws_bytes) + fa::device_io_bytes(p, false) <= double(fa::device_free_bytes())) {
     naive::Workspace ws(p, false);
-    fa::ResultRow r0 = fa::result_row("00", "naive", "fwd", p);
-    r0.model_hbm_bytes = fa::hbm_bytes_naive_forward(p), r0.extra_bytes = double(ws_bytes);
-    ok = fa::compare_with(opts, in, t, r2, r0, [&] {
-      naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws);
-    }, rows) && ok;
+    auto naive_fwd = [&] { naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws); };
+    ok = fa::compare_with(opts, in, t, r2, fa::naive_row(p, "fwd", double(ws_bytes)), naive_fwd, rows) && ok;
   } else {
     std::printf("00:      skipped, its S and P need %s (this chapter needs none)\n", fa::human_bytes(double(ws_bytes)).c_str());
   }

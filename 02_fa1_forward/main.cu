@@ -90,11 +90,8 @@ int main(int argc, char** argv) try {
                 fa::human_bytes(double(naive_ws)).c_str());
   if (!skip_naive && naive_fits) {
     naive::Workspace ws(p, false);
-    fa::ResultRow r0 = fa::result_row("00", "naive", "fwd", p);
-    r0.model_hbm_bytes = fa::hbm_bytes_naive_forward(p), r0.extra_bytes = double(naive_ws);
-    ok = fa::compare_with(opts, in, t, r, r0, [&] {
-      naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws);
-    }, rows) && ok;
+    auto naive_fwd = [&] { naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws); };
+    ok = fa::compare_with(opts, in, t, r, fa::naive_row(p, "fwd", double(naive_ws)), naive_fwd, rows) && ok;
   }
 
   // 6. Print.

@@ -80,11 +80,10 @@ int main(int argc, char** argv) try {
   if (double(naive_ws) + fa::device_io_bytes(p, true) + lm_bytes <= double(fa::device_free_bytes())) {
     naive::Workspace ws(p, true);
     naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws);  // P for 00's backward
-    fa::ResultRow r0 = fa::result_row("00", "naive", "bwd", p);
-    r0.model_hbm_bytes = fa::hbm_bytes_naive_backward(p), r0.extra_bytes = double(naive_ws);
-    ok = fa::compare_with(opts, in, t, rb, r0, [&] {
+    auto naive_bwd = [&] {
       naive::backward(p, t.q.get(), t.k.get(), t.v.get(), t.dout.get(), ws, t.dq.get(), t.dk.get(), t.dv.get());
-    }, rows) && ok;
+    };
+    ok = fa::compare_with(opts, in, t, rb, fa::naive_row(p, "bwd", double(naive_ws)), naive_bwd, rows) && ok;
   } else {
     std::printf("00:      skipped: its backward needs %s for S, P%s, dP at this size, more than the device has free\n",
                 fa::human_bytes(double(naive_ws)).c_str(), p.dropout_p > 0 ? ", P~" : "");

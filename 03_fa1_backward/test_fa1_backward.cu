@@ -24,16 +24,21 @@ Problem make(int B, int H, int Hkv, int nq, int nk, int d, bool causal, float dr
   return p;
 }
 
-void check_fa1_backward(const Problem& p, bool large_logits = false) {
-  INFO(describe(p), large_logits ? " large logits" : "");
-  const HostTensors in = large_logits ? large_logit_inputs(p, true) : random_inputs(p, true);
-  DeviceTensors t(p, in);
+// 02's forward then 03's backward on t, every output NaN-poisoned first.
+void run_02_then_03(const Problem& p, DeviceTensors& t) {
   DeviceBuffer<float> l(p.lse_elems()), m(p.lse_elems());
   t.poison_outputs(), l.poison(), m.poison();
   const fa1::RngState rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.lse.get());
   fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.dout.get(), t.dq.get(),
                 t.dk.get(), t.dv.get());
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void check_fa1_backward(const Problem& p, bool large_logits = false) {
+  INFO(describe(p), large_logits ? " large logits" : "");
+  const HostTensors in = large_logits ? large_logit_inputs(p, true) : random_inputs(p, true);
+  DeviceTensors t(p, in);
+  run_02_then_03(p, t);
   const auto dq = t.dq.download(), dk = t.dk.download(), dv = t.dv.download();
 
   std::vector<double> rq, rk, rv;
@@ -89,12 +94,7 @@ TEST_CASE("03 at N = 4096 (GQA 3, causal, dropout): sampled rows of dQ, dK and d
   INFO(describe(p));
   const HostTensors in = random_inputs(p, true);
   DeviceTensors t(p, in);
-  DeviceBuffer<float> l(p.lse_elems()), m(p.lse_elems());
-  t.poison_outputs(), l.poison(), m.poison();
-  const fa1::RngState rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.lse.get());
-  fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.dout.get(), t.dq.get(),
-                t.dk.get(), t.dv.get());
-  CUDA_CHECK(cudaDeviceSynchronize());
+  run_02_then_03(p, t);
   const auto dq = t.dq.download(), dk = t.dk.download(), dv = t.dv.download();
   constexpr int kBand = 16;
   const int d = p.head_dim;

@@ -4,6 +4,7 @@
 //   run_and_check_*        one run on NaN-poisoned outputs, checked against the fp64 reference
 //   write_outputs          --out: o.npy, lse.npy (and dq/dk/dv.npy) from the device tensors
 //   result_row, time_kernel  the one way to build a result row and to time a kernel for it
+//   naive_row              chapter 00's row, the baseline of chapters 01-03
 //   compare_with           the previous chapter's kernel on the same inputs, in one call
 #pragma once
 #include <cstdio>
@@ -78,6 +79,15 @@ inline ResultRow result_row(const std::string& chapter, const std::string& kerne
                             const Problem& p) {
   ResultRow r;
   r.gpu = device_name(), r.chapter = chapter, r.kernel = kernel, r.pass = pass, r.problem = p;
+  return r;
+}
+
+// The row of chapter 00's standard attention (pass "fwd" or "bwd"), the baseline that chapters 01-03
+// time next to their own: its model HBM bytes count S and P (formulas.hpp), extra_bytes its N x N workspace.
+inline ResultRow naive_row(const Problem& p, const std::string& pass, double workspace_bytes) {
+  ResultRow r = result_row("00", "naive", pass, p);
+  r.model_hbm_bytes = pass == "bwd" ? hbm_bytes_naive_backward(p) : hbm_bytes_naive_forward(p);
+  r.extra_bytes = workspace_bytes;
   return r;
 }
 
