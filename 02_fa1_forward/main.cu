@@ -46,7 +46,7 @@ int main(int argc, char** argv) try {
   // 3. The GPU (none: exit 1): its shared memory sets the tiles (seed Algorithm 2, line 1).
   fa::require_gpu();
   const size_t M = sram_kb > 0 ? size_t(sram_kb) * 1024 : fa1::device_sram_bytes();
-  const fa1::BlockSizes bs = fa1::block_sizes(p.head_dim, M);  // UsageError if M is too small for d
+  const fa1::BlockSizes bs = fa1::block_sizes(p.head_dim, M);
   const auto seed_bs = fa1_model::seed_block_sizes(p.head_dim, M / sizeof(float));
   const int Tr = fa1_model::ceil_div(p.q_len, bs.Br), Tc = fa1_model::ceil_div(p.kv_len, bs.Bc);
   std::printf("tiles:   M = %s (%zu floats): seed Br = %d, Bc = %d; kernel (clamped to Br <= %d, Bc <= %d) "

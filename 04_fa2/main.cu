@@ -30,16 +30,18 @@ fa::Options defaults() {
   return o;
 }
 
+std::string step_names() {  // "v1_..., v2_..., fa2" in ladder order
+  std::string names;
+  for (const auto& s : fa2::forward_steps()) names += std::string(names.empty() ? "" : ", ") + s.name;
+  return names;
+}
+
 // The forward steps --kernel selects: one by name, or all of them in ladder order.
 std::vector<fa2::ForwardStep> selected_steps(const std::string& kernel) {
-  const auto& all = fa2::forward_steps();
-  if (kernel == "all") return all;
-  std::string names;
-  for (const auto& s : all) {
+  if (kernel == "all") return fa2::forward_steps();
+  for (const auto& s : fa2::forward_steps())
     if (s.name == kernel) return {s};
-    names += std::string(names.empty() ? "" : ", ") + s.name;
-  }
-  throw fa::UsageError("--kernel " + kernel + ": no such forward step (one of " + names + ", or all)");
+  throw fa::UsageError("--kernel " + kernel + ": no such forward step (one of " + step_names() + ", or all)");
 }
 
 // HBM bytes of the 04 kernels with their tile sizes (the counts are in model.hpp, tested on the CPU).
@@ -145,13 +147,11 @@ int main(int argc, char** argv) try {
   // 1. Parse the command line (bad usage, an unknown --kernel: exit 2).
   Flags f;
   f.kernel = fa2::forward_steps().back().name;
-  std::string step_names;
-  for (const auto& s : fa2::forward_steps()) step_names += std::string(step_names.empty() ? "" : ", ") + s.name;
   fa::Cli cli("fa2",
               "Chapter 04: FlashAttention-2 forward (a ladder of steps) and backward, fp32, checked against the fp64 "
               "reference and timed next to chapters 02 and 03.",
               defaults());
-  cli.add_option("--kernel", &f.kernel, "forward step to run: " + step_names + ", or all (in ladder order)");
+  cli.add_option("--kernel", &f.kernel, "forward step to run: " + step_names() + ", or all (in ladder order)");
   cli.add_flag("--backward", &f.backward, "also run, check and time the backward pass (both dQ modes) and 03's");
   cli.add_flag("--sweep", &f.sweep,
                "run N = 1024, 4096, 16384 x head_dim 64, 128 x causal off/on (ignores --q-len, --kv-len, --head-dim, "
