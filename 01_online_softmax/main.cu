@@ -81,7 +81,7 @@ int main(int argc, char** argv) try {
   if (opts.help) return cli.print_usage();
 
   // 2. The inputs (bad input: exit 2): the softmax shapes, and the attention problem.
-  std::vector<int> cols_list = cols_opt > 0 ? std::vector<int>{cols_opt} : kSweepCols;
+  const std::vector<int> cols_list = cols_opt > 0 ? std::vector<int>{cols_opt} : kSweepCols;
   const fa::Problem p = fa::input_problem(opts, false);
   online_softmax::check_supported(p);
   const fa::HostTensors in = fa::load_inputs(opts, p, false);

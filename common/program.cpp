@@ -32,6 +32,17 @@ bool writable_dir(const std::string& dir) {
   return stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && access(dir.c_str(), W_OK | X_OK) == 0;
 }
 
+// The folder a path lies in ("." for a bare name).
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void make_dir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot create folder " + dir + " (" + std::strerror(errno) + ")");
+}
+
 // Rows [i0, i1) of head (b, h).
 struct Piece {
   int b, h, i0, i1;
@@ -52,24 +63,25 @@ std::string describe_sample(const std::vector<Piece>& pieces) {
 }  // namespace
 
 void check_outputs_writable(const Options& opts) {
-  if (!opts.out_dir.empty()) {
-    if (mkdir(opts.out_dir.c_str(), 0755) != 0 && errno != EEXIST)
-      throw UsageError("--out " + opts.out_dir + ": cannot create the folder (" + std::strerror(errno) + ")");
-    if (!writable_dir(opts.out_dir)) throw UsageError("--out " + opts.out_dir + ": not a folder this user can write to");
+  struct stat st{};
+  if (!opts.out_dir.empty()) {  // an existing folder we can write to, or one we can create at the end
+    const bool exists = stat(opts.out_dir.c_str(), &st) == 0;
+    if (exists && !writable_dir(opts.out_dir)) throw UsageError("--out " + opts.out_dir + ": not a folder this user can write to");
+    if (!exists && !writable_dir(parent_of(opts.out_dir)))
+      throw UsageError("--out " + opts.out_dir + ": cannot create the folder (" + parent_of(opts.out_dir) +
+                       " is missing or not writable)");
   }
   if (!opts.csv.empty()) {
-    struct stat st{};
-    const size_t slash = opts.csv.find_last_of('/');
-    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : opts.csv.substr(0, slash);
     if (stat(opts.csv.c_str(), &st) == 0 && (S_ISDIR(st.st_mode) || access(opts.csv.c_str(), W_OK) != 0))
       throw UsageError("--csv " + opts.csv + ": not a file this user can write to");
-    if (!writable_dir(parent))  // the rows are written to a temporary file there and renamed
-      throw UsageError("--csv " + opts.csv + ": cannot create files in " + parent);
+    if (!writable_dir(parent_of(opts.csv)))  // the rows are written to a temporary file there and renamed
+      throw UsageError("--csv " + opts.csv + ": cannot create files in " + parent_of(opts.csv));
   }
 }
 
 void write_forward_outputs(const std::string& dir, const Problem& p, const std::vector<float>& o,
                            const std::vector<float>& lse) {
+  make_dir(dir);
   npy_write(dir + "/o.npy", q_shape(p), o.data());
   npy_write(dir + "/lse.npy", {size_t(p.batch), size_t(p.heads), size_t(p.q_len)}, lse.data());
   std::printf("wrote:   %s/o.npy, %s/lse.npy\n", dir.c_str(), dir.c_str());
@@ -77,6 +89,7 @@ void write_forward_outputs(const std::string& dir, const Problem& p, const std::
 
 void write_backward_outputs(const std::string& dir, const Problem& p, const std::vector<float>& dq,
                             const std::vector<float>& dk, const std::vector<float>& dv) {
+  make_dir(dir);
   npy_write(dir + "/dq.npy", q_shape(p), dq.data());
   npy_write(dir + "/dk.npy", kv_shape(p), dk.data());
   npy_write(dir + "/dv.npy", kv_shape(p), dv.data());

@@ -13,8 +13,8 @@
 
 namespace fa {
 
-// --out and --csv can be written (the --out folder is created now): checked before any work, so a
-// long run never ends in "cannot write". UsageError otherwise.
+// --out and --csv can be written (an existing folder we may write to, or one whose parent we may):
+// checked before any work, so a long run never ends in "cannot write". UsageError otherwise.
 void check_outputs_writable(const Options& opts);
 
 // o.npy [B, H, Nq, d] and lse.npy [B, H, Nq]; dq/dk/dv.npy in their tensors' shapes. Each file is

@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   // Output paths are checked before the run.
   std::ofstream(g_tmp + "/a_file") << "x";
   case_in("--out is a file", [](const std::string&) {}, "--out", "--out '" + g_tmp + "/a_file'");
-  case_in("--out parent missing", [](const std::string&) {}, "cannot create the folder",
+  case_in("--out parent missing", [](const std::string&) {}, "is missing or not writable",
           "--out '" + g_tmp + "/no/such/dir'");
   case_in("--csv folder missing", [](const std::string&) {}, "--csv", "--csv '" + g_tmp + "/nowhere/rows.csv'");
   case_in("--csv is a folder", [](const std::string&) {}, "--csv", "--csv '" + g_tmp + "'");
