@@ -3,16 +3,15 @@
 //   ./naive                        B=1 H=16 N=1024 d=64, forward
 //   ./naive --q-len 4096 --backward
 //   ./naive --in DIR --out DIR     your own q/k/v(/do).npy; writes o/lse(/dq/dk/dv).npy
+// Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <cstdio>
 
-#include "device_tensors.cuh"
-#include "formulas.hpp"
 #include "naive.cuh"
 #include "program.cuh"
-#include "testing.hpp"
-#include "timer.cuh"
 
 namespace {
+
+constexpr int kMaxHeadDim = 256;  // the kernels take any d; larger d only makes the fp64 check slow
 
 fa::Options defaults() {
   fa::Options o;
@@ -20,81 +19,62 @@ fa::Options defaults() {
   return o;
 }
 
-bool run(fa::Options& opts, bool backward) {
-  const fa::HostTensors in = fa::load_inputs(opts, backward);
-  const fa::Problem& p = opts.problem;
+}  // namespace
 
-  // Refuse up front what cannot fit: S and P are B*H*Nq*Nk floats each.
+int main(int argc, char** argv) try {
+  // 1. Parse the command line (bad usage: exit 2).
+  bool backward = false;
+  fa::Cli cli("naive", "Chapter 00: standard attention (S and P in HBM), checked against the fp64 reference.",
+              defaults());
+  cli.add_flag("--backward", &backward, "also run and check the backward pass (dQ, dK, dV)");
+  cli.extend_help("--head-dim", "this chapter: 1 .. 256");
+  const fa::Options opts = cli.parse(argc, argv);
+  if (opts.help) return cli.print_usage();
+
+  // 2. The inputs: shape, this chapter's limits, the tensors, writable outputs (bad input: exit 2).
+  const fa::Problem p = fa::input_problem(opts, backward);
+  if (p.head_dim > kMaxHeadDim)
+    throw fa::UsageError("naive: head_dim must be <= 256 (got " + std::to_string(p.head_dim) + ")");
+  const fa::HostTensors in = fa::load_inputs(opts, p, backward);
+  fa::check_outputs_writable(opts);
+  std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), backward ? "forward + backward" : "forward");
+
+  // 3. The GPU (none: exit 1), and whether S and P fit on it: B*H*Nq*Nk floats each.
+  fa::require_gpu();
   const size_t ws_bytes = naive::workspace_bytes(p, backward);
-  const size_t io_bytes = 4 * (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * (backward ? 2 : 1);
-  const size_t free_bytes = fa::device_free_bytes();
-  std::printf("memory:  %s for the N x N matrices (S, P%s%s) + %s for inputs and outputs; %s free\n",
+  std::printf("memory:  %s for the N x N matrices (S, P%s%s) + %s for inputs and outputs\n",
               fa::human_bytes(double(ws_bytes)).c_str(), p.dropout_p > 0 ? ", P~" : "", backward ? ", dP" : "",
-              fa::human_bytes(double(io_bytes)).c_str(), fa::human_bytes(double(free_bytes)).c_str());
-  if (ws_bytes + io_bytes > free_bytes) {
-    std::fprintf(stderr,
-                 "error: standard attention needs %s at this size but the device has %s free.\n"
-                 "       Its memory grows as B*H*Nq*Nk; try a smaller --q-len, or a FlashAttention chapter (02+),\n"
-                 "       which needs O(N) extra memory.\n",
-                 fa::human_bytes(double(ws_bytes + io_bytes)).c_str(), fa::human_bytes(double(free_bytes)).c_str());
-    return false;
-  }
+              fa::human_bytes(fa::device_io_bytes(p, backward)).c_str());
+  fa::require_device_memory(double(ws_bytes) + fa::device_io_bytes(p, backward),
+                            "S and P grow as B*H*Nq*Nk; chapters 02+ need O(N) instead");
 
+  // 4. Run once on NaN-poisoned outputs and check against the fp64 reference.
   fa::DeviceTensors t(p, in);
   naive::Workspace ws(p, backward);
   auto fwd = [&] { naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws); };
   auto bwd = [&] {
     naive::backward(p, t.q.get(), t.k.get(), t.v.get(), t.dout.get(), ws, t.dq.get(), t.dk.get(), t.dv.get());
   };
+  const fa::ErrorReport ef = fa::run_and_check_forward("00 forward", p, in, t, fwd);
+  const fa::ErrorReport eb = backward ? fa::run_and_check_backward("00 backward", p, in, t, bwd) : fa::ErrorReport{};
+  fa::write_outputs(opts, p, t);
 
-  // One checked run on poisoned outputs.
-  t.poison_outputs();
-  fwd();
-  if (backward) bwd();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> o = t.o.download(), lse = t.lse.download();
-  std::string what;
-  const fa::ErrorReport ef = fa::check_forward(p, in, o, lse, fa::kTolFp32Forward, &what);
-  std::printf("check:   forward, %s: %s\n", what.c_str(), ef.summary("O and LSE vs fp64").c_str());
-  bool ok = ef.ok();
-  fa::ErrorReport eb;
-  if (backward) {
-    eb = fa::check_backward(p, in, t.dq.download(), t.dk.download(), t.dv.download(), fa::kTolFp32Backward, &what);
-    std::printf("check:   backward, %s: %s\n", what.c_str(), eb.summary("vs fp64").c_str());
-    ok = ok && eb.ok();
-  }
-  if (!opts.out_dir.empty()) {
-    fa::write_forward_outputs(opts.out_dir, p, o, lse);
-    if (backward) fa::write_backward_outputs(opts.out_dir, p, t.dq.download(), t.dk.download(), t.dv.download());
-  }
-
+  // 5. Time (the model HBM bytes count S and P as well: formulas.hpp).
   std::vector<fa::ResultRow> rows;
-  const std::string gpu = fa::device_name();
   if (opts.iters > 0) {
-    const double ms = fa::time_ms(fwd, opts.warmup, opts.iters).median_ms;
-    const double bytes = fa::hbm_bytes_naive_forward(p);
-    rows.push_back({gpu, "00", "naive", "fwd", "fp32", p, ms, fa::tflops(fa::flops_forward(p), ms),
-                    fa::gbps(bytes, ms), bytes, double(naive::workspace_bytes(p, false)), ef.max_abs});
+    fa::ResultRow f = fa::naive_row(p, "fwd", double(naive::workspace_bytes(p, false)));
+    f.max_abs_err = ef.max_abs;
+    rows.push_back(fa::time_kernel(opts, f, fwd));
     if (backward) {
-      const double msb = fa::time_ms(bwd, opts.warmup, opts.iters).median_ms;
-      const double bb = fa::hbm_bytes_naive_backward(p);
-      rows.push_back({gpu, "00", "naive", "bwd", "fp32", p, msb, fa::tflops(fa::flops_backward(p), msb),
-                      fa::gbps(bb, msb), bb, double(ws_bytes), eb.max_abs});
+      fa::ResultRow b = fa::naive_row(p, "bwd", double(ws_bytes));
+      b.max_abs_err = eb.max_abs;
+      rows.push_back(fa::time_kernel(opts, b, bwd));
     }
-    fa::report_rows(opts, rows);
   }
-  return ok;
-}
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  bool backward = false;
-  fa::Cli cli("naive", "Chapter 00: standard attention (S and P in HBM), checked against the fp64 reference.",
-              defaults());
-  cli.add_flag("--backward", &backward, "also run and check the backward pass (dQ, dK, dV)");
-  cli.add_check([](const fa::Problem& p) {  // what the issue asks of this chapter; the kernels take any d
-    if (p.head_dim > 256) throw fa::UsageError("naive: head_dim must be <= 256 (got " + std::to_string(p.head_dim) + ")");
-  });
-  return fa::run_program(cli, argc, argv, [&](fa::Options& o) { return run(o, backward); });
+  // 6. Print.
+  fa::report_rows(opts, rows);
+  return fa::verdict(ef.ok() && eb.ok());
+} catch (...) {
+  return fa::exit_code_of_current_exception();
 }

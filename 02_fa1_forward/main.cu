@@ -5,16 +5,13 @@
 //   ./fa1_forward --q-len 4096
 //   ./fa1_forward --q-len 65536 --batch 1 --heads 16 --warmup 1 --iters 3   00 cannot: it is skipped, 02 runs
 //   ./fa1_forward --sram-kb 48             the tiling a 48 KiB device would get (more passes over O)
+// Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <cstdio>
 
-#include "device_tensors.cuh"
 #include "fa1_forward.cuh"
-#include "formulas.hpp"
 #include "model.hpp"
 #include "naive.cuh"
 #include "program.cuh"
-#include "testing.hpp"
-#include "timer.cuh"
 
 namespace {
 
@@ -24,37 +21,32 @@ fa::Options defaults() {
   return o;
 }
 
-// Chapter 00 at the same size, if its S and P fit in free memory: checks it and appends its row.
-void run_naive(const fa::Options& opts, const fa::HostTensors& in, fa::DeviceTensors& t, bool* ok,
-               std::vector<fa::ResultRow>& rows) {
-  const fa::Problem& p = opts.problem;
-  const size_t ws = naive::workspace_bytes(p, false), free_b = fa::device_free_bytes();
-  if (ws > free_b) {
-    std::printf("00:      skipped: standard attention needs %s for S and P at this size, the device has %s free\n",
-                fa::human_bytes(double(ws)).c_str(), fa::human_bytes(double(free_b)).c_str());
-    return;
-  }
-  naive::Workspace w(p, false);
-  auto fwd = [&] { naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), w); };
-  t.poison_outputs();
-  fwd();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  std::string what;
-  const fa::ErrorReport e = fa::check_forward(p, in, t.o.download(), t.lse.download(), fa::kTolFp32Forward, &what);
-  std::printf("check:   00 forward, %s: %s\n", what.c_str(), e.summary("O and LSE vs fp64").c_str());
-  *ok = *ok && e.ok();
-  if (opts.iters <= 0) return;
-  const double ms = fa::time_ms(fwd, opts.warmup, opts.iters).median_ms;
-  const double bytes = fa::hbm_bytes_naive_forward(p);
-  rows.push_back({fa::device_name(), "00", "naive", "fwd", "fp32", p, ms, fa::tflops(fa::flops_forward(p), ms),
-                  fa::gbps(bytes, ms), bytes, double(ws), e.max_abs});
-}
+}  // namespace
 
-bool run(fa::Options& opts, int sram_kb, bool skip_naive) {
-  const fa::HostTensors in = fa::load_inputs(opts, false);
-  const fa::Problem& p = opts.problem;
+int main(int argc, char** argv) try {
+  // 1. Parse the command line (bad usage: exit 2).
+  int sram_kb = 0;
+  bool skip_naive = false;
+  fa::Cli cli("fa1_forward",
+              "Chapter 02: FlashAttention-1 forward (seed Algorithm 2), next to chapter 00, checked against fp64.",
+              defaults());
+  cli.add_option("--sram-kb", &sram_kb, "pretend the on-chip memory M is this many KiB (auto = the device's)", 0, true);
+  cli.add_flag("--no-naive", &skip_naive, "do not run chapter 00 for comparison");
+  cli.extend_help("--head-dim", "this chapter: 16, 32, 64, 128");
+  const fa::Options opts = cli.parse(argc, argv);
+  if (opts.help) return cli.print_usage();
+
+  // 2. The inputs: shape, this chapter's limits, the tensors, writable outputs (bad input: exit 2).
+  const fa::Problem p = fa::input_problem(opts, false);
+  fa1::check_supported(p);
+  const fa::HostTensors in = fa::load_inputs(opts, p, false);
+  fa::check_outputs_writable(opts);
+  std::printf("problem: %s (forward)\n", fa::describe(p).c_str());
+
+  // 3. The GPU (none: exit 1): its shared memory sets the tiles (seed Algorithm 2, line 1).
+  fa::require_gpu();
   const size_t M = sram_kb > 0 ? size_t(sram_kb) * 1024 : fa1::device_sram_bytes();
-  const fa1::BlockSizes bs = fa1::block_sizes(p.head_dim, M);  // UsageError for an unsupported head_dim
+  const fa1::BlockSizes bs = fa1::block_sizes(p.head_dim, M);
   const auto seed_bs = fa1_model::seed_block_sizes(p.head_dim, M / sizeof(float));
   const int Tr = fa1_model::ceil_div(p.q_len, bs.Br), Tc = fa1_model::ceil_div(p.kv_len, bs.Bc);
   std::printf("tiles:   M = %s (%zu floats): seed Br = %d, Bc = %d; kernel (clamped to Br <= %d, Bc <= %d) "
@@ -63,59 +55,48 @@ bool run(fa::Options& opts, int sram_kb, bool skip_naive) {
               fa1::max_bc(), bs.Br, bs.Bc, Tr, Tc);
   std::printf("grid:    %d blocks, one per (batch, head), on %d SMs\n", p.batch * p.heads,
               fa::device_props().multiProcessorCount);
+  const double lm_bytes = 2.0 * 4 * p.lse_elems();  // l and m: O(N) per head
+  fa::require_device_memory(fa::device_io_bytes(p, false) + lm_bytes, "Q, K, V, O, LSE, l, m");
 
+  // 4. Run once on NaN-poisoned outputs and check against the fp64 reference.
   fa::DeviceTensors t(p, in);
   fa::DeviceBuffer<float> l(p.lse_elems()), m(p.lse_elems());
-  auto fwd = [&] {
-    return fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.lse.get(), bs);
-  };
-
-  t.poison_outputs(), l.poison(), m.poison();
-  const fa1::RngState rng = fwd();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> o = t.o.download(), lse = t.lse.download();
-  std::string what;
-  const fa::ErrorReport e = fa::check_forward(p, in, o, lse, fa::kTolFp32Forward, &what);
-  std::printf("check:   02 forward, %s: %s\n", what.c_str(), e.summary("O and LSE vs fp64").c_str());
+  fa1::RngState rng{};
+  auto fwd = [&] { rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.lse.get(), bs); };
+  l.poison(), m.poison();
+  const fa::ErrorReport e = fa::run_and_check_forward("02 forward", p, in, t, fwd);
   std::printf("rng:     seed %llu, offset %llu (kept for the backward, chapter 03)\n", (unsigned long long)rng.seed,
               (unsigned long long)rng.offset);
-  bool ok = e.ok();
-  if (!opts.out_dir.empty()) fa::write_forward_outputs(opts.out_dir, p, o, lse);
+  fa::write_outputs(opts, p, t);
 
+  // 5. Time it, with Algorithm 2's HBM traffic, next to chapter 00 on the same inputs.
+  fa::ResultRow r = fa::result_row("02", "fa1_forward", "fwd", p);
+  r.model_hbm_bytes = fa1::forward_hbm_bytes(p, bs), r.extra_bytes = lm_bytes, r.max_abs_err = e.max_abs;
   std::vector<fa::ResultRow> rows;
-  if (opts.iters > 0) {
-    const double ms = fa::time_ms(fwd, opts.warmup, opts.iters).median_ms;
-    const double bytes = fa1::forward_hbm_bytes(p, bs);
-    const double seed_bytes = 4.0 * p.batch * p.heads * fa1_model::seed_formula_elements_per_head(p, bs.Bc);
-    const double extra = double(l.bytes() + m.bytes());  // l and m: O(N) per head
-    rows.push_back({fa::device_name(), "02", "fa1_forward", "fwd", "fp32", p, ms,
-                    fa::tflops(fa::flops_forward(p), ms), fa::gbps(bytes, ms), bytes, extra, e.max_abs});
-    std::printf("hbm:     Algorithm 2, line by line (model.hpp, x 4 bytes, all heads): %s; leading term "
-                "3 Nq d Tc per head, Tc = %d passes over Q and O%s\n",
-                fa::human_bytes(bytes).c_str(), Tc, p.causal ? " (causal: the skipped blocks subtracted)" : "");
-    std::printf("hbm:     seed formula 2 d (2 Nk + 3 Nq Tc) elements per head x 4 bytes: %s\n",
-                fa::human_bytes(seed_bytes).c_str());
-    std::printf("extra:   02 keeps l, m: %s (O(N)); 00 needs %s for S, P%s (O(N^2))\n",
-                fa::human_bytes(extra).c_str(), fa::human_bytes(double(naive::workspace_bytes(p, false))).c_str(),
-                p.dropout_p > 0 ? ", P~" : "");
+  if (opts.iters > 0) rows.push_back(r = fa::time_kernel(opts, r, fwd));
+  const double seed_bytes = 4.0 * p.batch * p.heads * fa1_model::seed_formula_elements_per_head(p, bs.Bc);
+  const size_t naive_ws = naive::workspace_bytes(p, false);
+  std::printf("hbm:     Algorithm 2, line by line (model.hpp, x 4 bytes, all heads): %s; leading term "
+              "3 Nq d Tc per head, Tc = %d passes over Q and O%s\n",
+              fa::human_bytes(r.model_hbm_bytes).c_str(), Tc, p.causal ? " (causal: the skipped blocks subtracted)" : "");
+  std::printf("hbm:     seed formula 2 d (2 Nk + 3 Nq Tc) elements per head x 4 bytes: %s\n",
+              fa::human_bytes(seed_bytes).c_str());
+  std::printf("extra:   02 keeps l, m: %s (O(N)); 00 needs %s for S, P%s (O(N^2))\n", fa::human_bytes(lm_bytes).c_str(),
+              fa::human_bytes(double(naive_ws)).c_str(), p.dropout_p > 0 ? ", P~" : "");
+  bool ok = e.ok();
+  const bool naive_fits = double(naive_ws) + fa::device_io_bytes(p, false) + lm_bytes <= double(fa::device_free_bytes());
+  if (!skip_naive && !naive_fits)
+    std::printf("00:      skipped: standard attention needs %s for S and P at this size, more than the device has free\n",
+                fa::human_bytes(double(naive_ws)).c_str());
+  if (!skip_naive && naive_fits) {
+    naive::Workspace ws(p, false);
+    auto naive_fwd = [&] { naive::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), ws); };
+    ok = fa::compare_with(opts, in, t, r, fa::naive_row(p, "fwd", double(naive_ws)), naive_fwd, rows) && ok;
   }
-  if (!skip_naive) run_naive(opts, in, t, &ok, rows);
-  if (rows.size() == 2 && rows[0].ms > 0)
-    std::printf("speedup: 02 vs 00 at this size: %.2fx\n", rows[1].ms / rows[0].ms);
-  if (!rows.empty()) fa::report_rows(opts, rows);
-  return ok;
-}
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int sram_kb = 0;
-  bool skip_naive = false;
-  fa::Cli cli("fa1_forward",
-              "Chapter 02: FlashAttention-1 forward (seed Algorithm 2), next to chapter 00, checked against fp64.",
-              defaults());
-  cli.add_option("--sram-kb", &sram_kb, "pretend the on-chip memory M is this many KiB (default: the device's)");
-  cli.add_check(fa1::check_supported);
-  cli.add_flag("--no-naive", &skip_naive, "do not run chapter 00 for comparison");
-  return fa::run_program(cli, argc, argv, [&](fa::Options& o) { return run(o, sram_kb, skip_naive); });
+  // 6. Print.
+  fa::report_rows(opts, rows);
+  return fa::verdict(ok);
+} catch (...) {
+  return fa::exit_code_of_current_exception();
 }

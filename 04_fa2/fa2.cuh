@@ -8,6 +8,7 @@
 // aligned (cudaMalloc's are): the kernels load four floats at a time.
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "problem.hpp"
 
@@ -25,6 +26,21 @@ void check_supported(const fa::Problem& p);
 
 // Forward: writes O and L = m + log l only (no l, m, no N x N buffer). Grid over (Q block, head, batch).
 void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse);
+
+// The forward as a ladder of steps, each a complete kernel with the signature of forward(), in ladder
+// order; the last is the fastest and is forward() itself. The program's --kernel selects among them.
+using ForwardFn = void (*)(const fa::Problem&, const float* q, const float* k, const float* v, float* o, float* lse);
+struct ForwardStep {
+  const char* name;
+  const char* idea;
+  ForwardFn run;
+};
+inline const std::vector<ForwardStep>& forward_steps() {
+  static const std::vector<ForwardStep> steps = {
+      {"fa2", "Q-block grid, deferred normalisation, LSE only, register micro-tiles", &forward},
+  };
+  return steps;
+}
 
 // How dQ is accumulated in the backward pass.
 enum class DqMode {

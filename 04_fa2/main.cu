@@ -1,31 +1,47 @@
-// Chapter 04 program: FlashAttention-2 forward (and with --backward the backward, both dQ modes), checked against
-// the fp64 reference, timed side by side with chapters 02 (FA1 forward) and 03 (FA1 backward) on the same inputs.
-//   ./fa2                               B=1 H=16 N=4096 d=64, forward, vs 02
+// Chapter 04 program: FlashAttention-2 forward, step by step up the ladder (--kernel), and with
+// --backward the backward in both dQ modes; everything checked against the fp64 reference and timed
+// next to chapters 02 (FA1 forward) and 03 (FA1 backward) on the same inputs.
+//   ./fa2                               B=1 H=16 N=4096 d=64, the fastest forward step, vs 02
+//   ./fa2 --kernel all                  every forward step: its speed-up over the step before and over 02
 //   ./fa2 --backward                    + backward (atomic and deterministic dQ), vs 03
 //   ./fa2 --sweep --backward --iters 5  N = 1024, 4096, 16384 x d = 64, 128, causal off and on
 //   ./fa2 --batch 1 --heads 2 --q-len 16384   grid size vs SM count when batch*heads is small
 //   ./fa2 --in DIR --out DIR            your own q/k/v(/do).npy; writes o/lse(/dq/dk/dv).npy
+// Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <cstdio>
+#include <string>
+#include <vector>
 
-#include "device_tensors.cuh"
 #include "fa1_backward.cuh"
 #include "fa2.cuh"
-#include "formulas.hpp"
 #include "model.hpp"
 #include "program.cuh"
-#include "testing.hpp"
-#include "timer.cuh"
 
 namespace {
 
 struct Flags {
   bool backward = false, sweep = false, no_previous = false;
+  std::string kernel;  // a forward step's name, or "all"
 };
 
 fa::Options defaults() {
   fa::Options o;
   o.problem.batch = 1, o.problem.heads = 16, o.problem.q_len = 4096, o.problem.head_dim = 64;
   return o;
+}
+
+std::string step_names() {  // "v1_..., v2_..., fa2" in ladder order
+  std::string names;
+  for (const auto& s : fa2::forward_steps()) names += std::string(names.empty() ? "" : ", ") + s.name;
+  return names;
+}
+
+// The forward steps --kernel selects: one by name, or all of them in ladder order.
+std::vector<fa2::ForwardStep> selected_steps(const std::string& kernel) {
+  if (kernel == "all") return fa2::forward_steps();
+  for (const auto& s : fa2::forward_steps())
+    if (s.name == kernel) return {s};
+  throw fa::UsageError("--kernel " + kernel + ": no such forward step (one of " + step_names() + ", or all)");
 }
 
 // HBM bytes of the 04 kernels with their tile sizes (the counts are in model.hpp, tested on the CPU).
@@ -57,136 +73,130 @@ void print_work_notes(const fa::Problem& p) {
               steps * t.Bc, steps, steps * p.head_dim, rows * p.head_dim, 4.0 * steps * p.head_dim);
 }
 
-bool run_size(const fa::Options& opts, const fa::HostTensors& in, const Flags& f, std::vector<fa::ResultRow>& rows) {
-  const fa::Problem& p = opts.problem;
+// Steps 3-5 for one problem: memory, then each selected forward step run, checked and timed, the
+// backward in both dQ modes, then chapters 02 and 03 on the same inputs.
+bool run_problem(const fa::Options& opts, const Flags& f, const std::vector<fa2::ForwardStep>& steps,
+                 const fa::Problem& p, const fa::HostTensors& in, std::vector<fa::ResultRow>& rows) {
+  const double ws_bytes = f.backward ? double(fa2::backward_workspace_bytes(p)) : 0.0;
+  const double lm_bytes = f.no_previous ? 0.0 : 2.0 * 4 * p.lse_elems();  // 02's l and m
+  fa::require_device_memory(fa::device_io_bytes(p, f.backward) + ws_bytes + lm_bytes,
+                            "inputs, outputs, the backward's D and 02's l, m");
   fa::DeviceTensors t(p, in);
-  fa::DeviceBuffer<float> ws(f.backward ? fa2::backward_workspace_bytes(p) / sizeof(float) : 0);
-  auto fwd = [&] { fa2::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get()); };
-  auto bwd = [&](fa2::DqMode mode) {
-    fa2::backward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), t.dout.get(), t.dq.get(), t.dk.get(),
-                  t.dv.get(), mode, ws.get());
-  };
+  fa::DeviceBuffer<float> ws(size_t(ws_bytes) / sizeof(float));
+  bool ok = true;
 
-  // One checked run on poisoned outputs.
-  t.poison_outputs();
-  fwd();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> o = t.o.download(), lse = t.lse.download();
-  std::string what;
-  const fa::ErrorReport ef = fa::check_forward(p, in, o, lse, fa::kTolFp32Forward, &what);
-  std::printf("check:   forward, %s: %s\n", what.c_str(), ef.summary("O and LSE vs fp64").c_str());
-  bool ok = ef.ok();
+  // 4-5. Each forward step: run once on poisoned outputs, check against fp64, time; the ratio to the step before.
+  std::vector<fa::ResultRow> step_rows;
+  for (const fa2::ForwardStep& s : steps) {
+    auto run = [&] { s.run(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get()); };
+    const fa::ErrorReport e = fa::run_and_check_forward(std::string("04 ") + s.name + " (" + s.idea + ")", p, in, t, run);
+    ok = ok && e.ok();
+    fa::ResultRow r = fa::result_row("04", s.name, "fwd", p);
+    r.model_hbm_bytes = hbm_bytes_fa2_forward(p), r.max_abs_err = e.max_abs;
+    if (opts.iters > 0) r = fa::time_kernel(opts, r, run);
+    if (!step_rows.empty()) fa::print_speedup(r, step_rows.back());
+    step_rows.push_back(r);
+  }
+  if (opts.iters > 0) rows.insert(rows.end(), step_rows.begin(), step_rows.end());
+
+  // The backward in both dQ modes, from the last step's O and LSE.
   const fa2::DqMode modes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
   const char* mode_names[] = {"fa2_atomic_dq", "fa2_determ_dq"};
-  double bwd_err[2] = {-1, -1};
-  if (f.backward)
-    for (int mi = 0; mi < 2; ++mi) {
-      t.dq.poison(), t.dk.poison(), t.dv.poison();
-      bwd(modes[mi]);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const fa::ErrorReport eb =
-          fa::check_backward(p, in, t.dq.download(), t.dk.download(), t.dv.download(), fa::kTolFp32Backward, &what);
-      std::printf("check:   backward (%s), %s: %s\n", mode_names[mi], what.c_str(), eb.summary("vs fp64").c_str());
-      ok = ok && eb.ok(), bwd_err[mi] = eb.max_abs;
-    }
-  if (!opts.out_dir.empty()) {  // the backward outputs are the deterministic run's (the last one)
-    fa::write_forward_outputs(opts.out_dir, p, o, lse);
-    if (f.backward) fa::write_backward_outputs(opts.out_dir, p, t.dq.download(), t.dk.download(), t.dv.download());
+  std::vector<fa::ResultRow> bwd_rows;
+  for (int mi = 0; f.backward && mi < 2; ++mi) {
+    auto run = [&] {
+      fa2::backward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), t.dout.get(), t.dq.get(), t.dk.get(),
+                    t.dv.get(), modes[mi], ws.get());
+    };
+    const fa::ErrorReport e = fa::run_and_check_backward(std::string("04 backward ") + mode_names[mi], p, in, t, run);
+    ok = ok && e.ok();
+    fa::ResultRow r = fa::result_row("04", mode_names[mi], "bwd", p);
+    r.model_hbm_bytes = hbm_bytes_fa2_backward(p, modes[mi]), r.extra_bytes = ws_bytes, r.max_abs_err = e.max_abs;
+    if (opts.iters > 0) rows.push_back(r = fa::time_kernel(opts, r, run));
+    bwd_rows.push_back(r);
   }
+  fa::write_outputs(opts, p, t);  // the last forward step's, the deterministic dQ mode's
   print_work_notes(p);
-  if (opts.iters <= 0) return ok;
-
-  const std::string gpu = fa::device_name();
-  auto row = [&](const char* ch, const char* kernel, const char* pass, double ms, double flops, double bytes,
-                 double extra, double err) {
-    rows.push_back({gpu, ch, kernel, pass, "fp32", p, ms, fa::tflops(flops, ms), fa::gbps(bytes, ms), bytes, extra, err});
-  };
-  const double ms_fwd = fa::time_ms(fwd, opts.warmup, opts.iters).median_ms;
-  row("04", "fa2", "fwd", ms_fwd, fa::flops_forward(p), hbm_bytes_fa2_forward(p), 0, ef.max_abs);
-  double ms_bwd[2] = {0, 0};
-  if (f.backward)
-    for (int mi = 0; mi < 2; ++mi) {
-      ms_bwd[mi] = fa::time_ms([&] { bwd(modes[mi]); }, opts.warmup, opts.iters).median_ms;
-      row("04", mode_names[mi], "bwd", ms_bwd[mi], fa::flops_backward(p), hbm_bytes_fa2_backward(p, modes[mi]),
-          double(fa2::backward_workspace_bytes(p)), bwd_err[mi]);
-    }
   if (f.no_previous) return ok;
 
-  // Chapters 02 and 03 on the same inputs: FA1 also keeps l and m [B,H,Nq] in HBM. Their rows carry the HBM
-  // models of chapters 02 and 03 (the same numbers their own programs report).
-  fa::DeviceBuffer<float> o1(p.q_elems()), l1(p.lse_elems()), m1(p.lse_elems()), lse1(p.lse_elems());
-  fa::DeviceBuffer<float> dq1(f.backward ? p.q_elems() : 0), dk1(f.backward ? p.kv_elems() : 0),
-      dv1(f.backward ? p.kv_elems() : 0);
+  // Chapters 02 and 03 on the same inputs (they overwrite t's outputs; ours are checked and written).
+  fa::DeviceBuffer<float> l(p.lse_elems()), m(p.lse_elems());
   fa1::RngState rng{};
-  auto fwd1 = [&] { rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), lse1.get()); };
-  auto bwd1 = [&] {
-    fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), t.dout.get(), dq1.get(),
-                  dk1.get(), dv1.get());
-  };
-  o1.poison(), lse1.poison();
-  fwd1();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const fa::ErrorReport e12 = fa::compare(o, fa::to_double(o1.download()), fa::kTolFp32Forward);
-  std::printf("chain:   %s\n", e12.summary("04 O vs 02 O").c_str());
-  ok = ok && e12.ok();
-  const double ms1 = fa::time_ms(fwd1, opts.warmup, opts.iters).median_ms;
-  const double bytes1 = fa1::forward_hbm_bytes(p, fa1::block_sizes(p.head_dim, fa1::device_sram_bytes()));
-  row("02", "fa1_forward", "fwd", ms1, fa::flops_forward(p), bytes1, 2.0 * 4 * p.lse_elems(), -1);
-  std::printf("speed:   forward 04 is %.2fx 02\n", ms1 / ms_fwd);
+  fa::ResultRow r02 = fa::result_row("02", "fa1_forward", "fwd", p);
+  r02.model_hbm_bytes = fa1::forward_hbm_bytes(p, fa1::block_sizes(p.head_dim, fa1::device_sram_bytes()));
+  r02.extra_bytes = 2.0 * 4 * p.lse_elems();
+  ok = fa::compare_with(opts, in, t, step_rows.back(), r02, [&] {
+    rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.lse.get());
+  }, rows) && ok;
+  for (size_t i = 0; i + 1 < step_rows.size() && opts.iters > 0; ++i) fa::print_speedup(step_rows[i], rows.back());
   if (f.backward) {
-    dq1.poison();
-    bwd1();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    fa::ErrorReport e13 = fa::compare(t.dq.download(), fa::to_double(dq1.download()), fa::kTolFp32Backward);
-    e13 += fa::compare(t.dk.download(), fa::to_double(dk1.download()), fa::kTolFp32Backward);
-    e13 += fa::compare(t.dv.download(), fa::to_double(dv1.download()), fa::kTolFp32Backward);
-    std::printf("chain:   %s\n", e13.summary("04 dQ, dK, dV vs 03").c_str());
-    ok = ok && e13.ok();
-    const double msb1 = fa::time_ms(bwd1, opts.warmup, opts.iters).median_ms;
-    row("03", "fa1_backward", "bwd", msb1, fa::flops_backward(p), fa1::backward_hbm_bytes(p), 2.0 * 4 * p.lse_elems(), -1);
-    std::printf("speed:   backward 04 (atomic dQ) is %.2fx 03, 04 (deterministic dQ) is %.2fx 03\n", msb1 / ms_bwd[0],
-                msb1 / ms_bwd[1]);
+    fa::ResultRow r03 = fa::result_row("03", "fa1_backward", "bwd", p);
+    r03.model_hbm_bytes = fa1::backward_hbm_bytes(p), r03.extra_bytes = 2.0 * 4 * p.lse_elems();
+    ok = fa::compare_with(opts, in, t, bwd_rows[0], r03, [&] {
+      fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), t.o.get(), l.get(), m.get(), t.dout.get(), t.dq.get(),
+                    t.dk.get(), t.dv.get());
+    }, rows) && ok;
+    if (opts.iters > 0) fa::print_speedup(bwd_rows[1], rows.back());
   }
-  return ok;
-}
-
-bool run(fa::Options& opts, const Flags& f) {
-  std::vector<fa::ResultRow> rows;
-  if (!f.sweep) {
-    const fa::HostTensors in = fa::load_inputs(opts, f.backward);
-    const bool ok = run_size(opts, in, f, rows);
-    if (!rows.empty()) fa::report_rows(opts, rows);
-    return ok;
-  }
-  if (!opts.in_dir.empty()) throw fa::UsageError("--sweep makes its own inputs; it cannot be combined with --in");
-  bool ok = true;
-  for (int d : {64, 128})
-    for (int n : {1024, 4096, 16384})
-      for (bool causal : {false, true}) {
-        fa::Options o = opts;
-        o.problem.head_dim = d, o.problem.q_len = o.problem.kv_len = n, o.problem.causal = causal;
-        std::printf("\n== %s\n", fa::describe(o.problem).c_str());
-        const fa::HostTensors in = fa::random_inputs(o.problem, f.backward);
-        ok = run_size(o, in, f, rows) && ok;
-      }
-  std::printf("\n");
-  fa::report_rows(opts, rows);
   return ok;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
+  // 1. Parse the command line (bad usage, an unknown --kernel: exit 2).
   Flags f;
+  f.kernel = fa2::forward_steps().back().name;
   fa::Cli cli("fa2",
-              "Chapter 04: FlashAttention-2 forward (and backward), fp32, checked against the fp64 reference and "
-              "timed next to chapters 02 and 03.",
+              "Chapter 04: FlashAttention-2 forward (a ladder of steps) and backward, fp32, checked against the fp64 "
+              "reference and timed next to chapters 02 and 03.",
               defaults());
-  cli.add_check(fa2::check_supported);
+  cli.add_option("--kernel", &f.kernel, "forward step to run: " + step_names() + ", or all (in ladder order)");
   cli.add_flag("--backward", &f.backward, "also run, check and time the backward pass (both dQ modes) and 03's");
   cli.add_flag("--sweep", &f.sweep,
                "run N = 1024, 4096, 16384 x head_dim 64, 128 x causal off/on (ignores --q-len, --kv-len, --head-dim, "
                "--causal)");
   cli.add_flag("--no-previous", &f.no_previous, "do not run chapters 02/03 for comparison");
-  return fa::run_program(cli, argc, argv, [&](fa::Options& o) { return run(o, f); });
+  cli.extend_help("--head-dim", "this chapter: 16, 32, 64, 128");
+  const fa::Options opts = cli.parse(argc, argv);
+  if (opts.help) return cli.print_usage();
+  const std::vector<fa2::ForwardStep> steps = selected_steps(f.kernel);
+  if (f.sweep && !opts.in_dir.empty()) throw fa::UsageError("--sweep makes its own inputs; it cannot be combined with --in");
+
+  // 2. The problems (one, or the sweep's twelve) and this chapter's limits (bad input: exit 2).
+  std::vector<fa::Problem> problems = {fa::input_problem(opts, f.backward)};
+  if (f.sweep) {
+    problems.clear();
+    for (int d : {64, 128})
+      for (int n : {1024, 4096, 16384})
+        for (bool causal : {false, true}) {
+          fa::Problem p = opts.problem;
+          p.head_dim = d, p.q_len = p.kv_len = n, p.causal = causal;
+          problems.push_back(p);
+        }
+  }
+  for (const fa::Problem& p : problems) fa2::check_supported(p);
+  fa::check_outputs_writable(opts);
+  // The inputs of a single problem are read now (a bad file stops here); the sweep makes each in turn.
+  fa::HostTensors in = fa::load_inputs(opts, problems[0], f.backward);
+  for (const fa::Problem& p : problems)
+    std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), f.backward ? "forward + backward" : "forward");
+
+  // 3. The GPU (none: exit 1).
+  fa::require_gpu();
+
+  // 4-5. Run, check and time each problem.
+  bool ok = true;
+  std::vector<fa::ResultRow> rows;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (f.sweep) std::printf("\n== %s\n", fa::describe(problems[i]).c_str());
+    if (i > 0) in = fa::load_inputs(opts, problems[i], f.backward);
+    ok = run_problem(opts, f, steps, problems[i], in, rows) && ok;
+  }
+
+  // 6. Print.
+  fa::report_rows(opts, rows);
+  return fa::verdict(ok);
+} catch (...) {
+  return fa::exit_code_of_current_exception();
 }

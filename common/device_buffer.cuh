@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "bytes.hpp"
 #include "cuda_check.cuh"
-#include "results.hpp"
 
 namespace fa {
 

@@ -2,7 +2,7 @@
 // programs do not repeat the same dozen allocations.
 #pragma once
 #include "device_buffer.cuh"
-#include "program.hpp"
+#include "inputs.hpp"
 
 namespace fa {
 

@@ -9,13 +9,26 @@
 
 namespace fa {
 
+// What a .npy header says, checked against the file: magic, dtype, C order, every dimension a plain
+// non-negative integer below 2^31 (Problem's sizes are int), and a file exactly as long as the shape.
+struct NpyHeader {
+  std::vector<size_t> shape;
+  size_t elem_bytes = 4;  // 4 for '<f4', 2 for '<f2'
+  size_t data_offset = 0;
+  size_t elems() const;
+};
+
+// A file that is missing or malformed is the user's to fix: these throw fa::UsageError naming the
+// file and what is wrong with it (the programs exit 2).
+NpyHeader npy_read_header(const std::string& path);
 struct NpyArray {
   std::vector<size_t> shape;
   std::vector<float> data;  // float16 files are widened on read
 };
-
-// Throws std::runtime_error naming the file and what is wrong with it.
 NpyArray npy_read(const std::string& path);
+
+// Writes to PATH.tmp and renames it to PATH at the end, so a failed write never leaves a truncated
+// PATH behind. Throws std::runtime_error if the file cannot be written.
 void npy_write(const std::string& path, const std::vector<size_t>& shape, const float* data);
 void npy_write(const std::string& path, const std::vector<size_t>& shape, const half_t* data);
 

@@ -13,6 +13,7 @@
 #pragma once
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -100,5 +101,14 @@ struct Problem {
          "dropout must be in [0, 1) (got " + std::to_string(dropout_p) + ")");
   }
 };
+
+// "B=1 H=8 Hkv=8 Nq=1024 Nk=1024 d=64 causal=0 scale=0.125 dropout=0 seed=0"
+inline std::string describe(const Problem& p) {
+  char b[256];
+  std::snprintf(b, sizeof b, "B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d causal=%d scale=%.4g dropout=%g seed=%llu",
+                p.batch, p.heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, int(p.causal), p.softmax_scale(),
+                p.dropout_p, (unsigned long long)p.seed);
+  return b;
+}
 
 }  // namespace fa

@@ -1,12 +1,16 @@
 #include "program.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
-#include <sys/stat.h>
+#include <cstring>
+#include <exception>
 
 #include "npy.hpp"
-#include "random.hpp"
 #include "reference.hpp"
+#include "testing.hpp"
 
 namespace fa {
 namespace {
@@ -22,16 +26,21 @@ std::vector<size_t> kv_shape(const Problem& p) {
   return {size_t(p.batch), size_t(p.kv_heads), size_t(p.kv_len), size_t(p.head_dim)};
 }
 
-void make_dir(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw std::runtime_error("cannot create folder " + dir);
+// Can this process create files in `dir` (an existing folder)?
+bool writable_dir(const std::string& dir) {
+  struct stat st{};
+  return stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && access(dir.c_str(), W_OK | X_OK) == 0;
 }
 
-// Sets *field from a file dimension, refusing a flag that says otherwise.
-void take_dim(const Options& opts, const char* flag, int* field, size_t file_value, const std::string& file) {
-  if (opts.given.count(flag) && size_t(*field) != file_value)
-    throw UsageError(std::string(flag) + " " + std::to_string(*field) + " contradicts " + file + " (" +
-                     std::to_string(file_value) + "); leave the flag out with --in");
-  *field = int(file_value);
+// The folder a path lies in ("." for a bare name).
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void make_dir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot create folder " + dir + " (" + std::strerror(errno) + ")");
 }
 
 // Rows [i0, i1) of head (b, h).
@@ -53,50 +62,21 @@ std::string describe_sample(const std::vector<Piece>& pieces) {
 
 }  // namespace
 
-std::string describe(const Problem& p) {
-  char b[256];
-  std::snprintf(b, sizeof b, "B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d causal=%d scale=%.4g dropout=%g seed=%llu",
-                p.batch, p.heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, int(p.causal), p.softmax_scale(),
-                p.dropout_p, (unsigned long long)p.seed);
-  return b;
-}
-
-HostTensors random_inputs(const Problem& p, bool backward) {
-  HostTensors t;
-  t.q = random_normal<float>(p.q_elems(), p.seed * 4 + 1);
-  t.k = random_normal<float>(p.kv_elems(), p.seed * 4 + 2);
-  t.v = random_normal<float>(p.kv_elems(), p.seed * 4 + 3);
-  if (backward) t.dout = random_normal<float>(p.q_elems(), p.seed * 4 + 4, 0.0, 1.0);
-  return t;
-}
-
-HostTensors load_inputs(Options& opts, bool backward) {
-  Problem& p = opts.problem;
-  if (opts.in_dir.empty()) return random_inputs(p, backward);
-  const std::string dir = opts.in_dir + "/";
-  NpyArray q = npy_read(dir + "q.npy"), k = npy_read(dir + "k.npy"), v = npy_read(dir + "v.npy");
-  if (q.shape.size() != 4 || k.shape.size() != 4 || k.shape != v.shape)
-    throw UsageError("q.npy must be [B, H, Nq, d] and k.npy, v.npy [B, Hkv, Nk, d] (got " + shape_str(q.shape) +
-                     ", " + shape_str(k.shape) + ", " + shape_str(v.shape) + ")");
-  if (k.shape[0] != q.shape[0] || k.shape[3] != q.shape[3])
-    throw UsageError("k.npy " + shape_str(k.shape) + " does not match q.npy " + shape_str(q.shape) +
-                     " in batch or head_dim");
-  take_dim(opts, "--batch", &p.batch, q.shape[0], "q.npy");
-  take_dim(opts, "--heads", &p.heads, q.shape[1], "q.npy");
-  take_dim(opts, "--q-len", &p.q_len, q.shape[2], "q.npy");
-  take_dim(opts, "--head-dim", &p.head_dim, q.shape[3], "q.npy");
-  take_dim(opts, "--kv-heads", &p.kv_heads, k.shape[1], "k.npy");
-  take_dim(opts, "--kv-len", &p.kv_len, k.shape[2], "k.npy");
-  p.validate();
-  for (const auto& check : opts.checks) check(p);
-  HostTensors t{std::move(q.data), std::move(k.data), std::move(v.data), {}};
-  if (backward) {
-    NpyArray d = npy_read(dir + "do.npy");
-    if (d.shape != q_shape(p)) throw UsageError("do.npy " + shape_str(d.shape) + " must have q.npy's shape " + shape_str(q_shape(p)));
-    t.dout = std::move(d.data);
+void check_outputs_writable(const Options& opts) {
+  struct stat st{};
+  if (!opts.out_dir.empty()) {  // an existing folder we can write to, or one we can create at the end
+    const bool exists = stat(opts.out_dir.c_str(), &st) == 0;
+    if (exists && !writable_dir(opts.out_dir)) throw UsageError("--out " + opts.out_dir + ": not a folder this user can write to");
+    if (!exists && !writable_dir(parent_of(opts.out_dir)))
+      throw UsageError("--out " + opts.out_dir + ": cannot create the folder (" + parent_of(opts.out_dir) +
+                       " is missing or not writable)");
   }
-  std::printf("inputs:  %s (%s)\n", opts.in_dir.c_str(), describe(p).c_str());
-  return t;
+  if (!opts.csv.empty()) {
+    if (stat(opts.csv.c_str(), &st) == 0 && (S_ISDIR(st.st_mode) || access(opts.csv.c_str(), W_OK) != 0))
+      throw UsageError("--csv " + opts.csv + ": not a file this user can write to");
+    if (!writable_dir(parent_of(opts.csv)))  // the rows are written to a temporary file there and renamed
+      throw UsageError("--csv " + opts.csv + ": cannot create files in " + parent_of(opts.csv));
+  }
 }
 
 void write_forward_outputs(const std::string& dir, const Problem& p, const std::vector<float>& o,
@@ -136,7 +116,7 @@ ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::ve
     std::vector<double> ro(size_t(rows) * d), rl(rows);
     reference_forward_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), ro.data(), rl.data());
     total += compare(o.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * d, ro.data(), ro.size(), tol);
-    total += compare(lse.data() + p.lse_offset(c.b, c.h) + c.i0, rl.data(), rl.size(), tol);
+    total += compare(lse.data() + p.lse_offset(c.b, c.h) + c.i0, rl.data(), rl.size(), kTolLse);
   }
   return total;
 }
@@ -175,10 +155,39 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
 }
 
 void report_rows(const Options& opts, const std::vector<ResultRow>& rows) {
+  if (rows.empty()) return;
   std::printf("\n%s", format_table(rows).c_str());
   if (!opts.csv.empty()) {
     append_rows(opts.csv, rows);
     std::printf("appended %zu row(s) to %s\n", rows.size(), opts.csv.c_str());
+  }
+}
+
+void print_speedup(const ResultRow& row, const ResultRow& baseline) {
+  if (row.ms <= 0 || baseline.ms <= 0) return;
+  std::printf("speedup: %s %s (%s) is %.2fx %s %s\n", row.chapter.c_str(), row.kernel.c_str(), row.pass.c_str(),
+              baseline.ms / row.ms, baseline.chapter.c_str(), baseline.kernel.c_str());
+}
+
+int verdict(bool ok) {
+  std::printf("%s\n", ok ? "PASSED" : "FAILED");
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+int exit_code_of_current_exception() {
+  std::fflush(stdout);
+  try {
+    throw;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "error: unknown exception\n");
+    return 1;
   }
 }
 

@@ -1,30 +1,24 @@
-// What every chapter program does around its kernels: parse the one CLI, say what it will run,
-// load or make the inputs, check a sample of the result against the fp64 reference, write .npy
-// outputs, print and append result rows. Host code only; the device check lives in program.cuh.
+// The host side of every chapter program, one job per function, in the order main() calls them:
+//   parse (cli.hpp) -> inputs (inputs.hpp) -> outputs writable? -> [GPU: program.cuh] -> check
+//   against fp64 -> write .npy -> report rows -> verdict; and, in main's catch, the exit code.
 #pragma once
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "cli.hpp"
+#include "inputs.hpp"
 #include "metrics.hpp"
 #include "problem.hpp"
 #include "results.hpp"
 
 namespace fa {
 
-struct HostTensors {  // fp32 host copies in the layout of problem.hpp
-  std::vector<float> q, k, v, dout;
-};
+// --out and --csv can be written (an existing folder we may write to, or one whose parent we may):
+// checked before any work, so a long run never ends in "cannot write". UsageError otherwise.
+void check_outputs_writable(const Options& opts);
 
-// Deterministic random inputs for `p` (seeded by p.seed; dout only when backward).
-HostTensors random_inputs(const Problem& p, bool backward);
-
-// Random inputs, or the .npy files in opts.in_dir: then the shape comes from the files (and a
-// shape flag that contradicts them is a UsageError) and opts.problem is updated.
-HostTensors load_inputs(Options& opts, bool backward);
-
-// o.npy [B, H, Nq, d] and lse.npy [B, H, Nq]; dq/dk/dv.npy in their tensors' shapes.
+// o.npy [B, H, Nq, d] and lse.npy [B, H, Nq]; dq/dk/dv.npy in their tensors' shapes. Each file is
+// written under a temporary name and renamed, so a failed write leaves no truncated file.
 void write_forward_outputs(const std::string& dir, const Problem& p, const std::vector<float>& o,
                            const std::vector<float>& lse);
 void write_backward_outputs(const std::string& dir, const Problem& p, const std::vector<float>& dq,
@@ -32,6 +26,7 @@ void write_backward_outputs(const std::string& dir, const Problem& p, const std:
 
 // Forward check against the fp64 reference: every row when the reference is cheap, otherwise
 // sampled rows (first, middle, last) of the first and last head. o and lse are the whole outputs.
+// O uses `tol`, LSE kTolLse (testing.hpp).
 ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::vector<float>& o,
                           const std::vector<float>& lse, Tolerance tol, std::string* what_checked);
 // Backward check of dQ, dK, dV of the first and last kv group; where that would take the fp64
@@ -40,9 +35,15 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
                            const std::vector<float>& dk, const std::vector<float>& dv, Tolerance tol,
                            std::string* what_checked);
 
-std::string describe(const Problem& p);  // "B=1 H=8 Hkv=8 Nq=1024 Nk=1024 d=64 causal=0 ..."
-
 // Prints the rows as a table and appends them to opts.csv if given.
 void report_rows(const Options& opts, const std::vector<ResultRow>& rows);
+// "speedup: 02 fa1_forward is 3.10x 00 naive" (baseline time / this time), if both were timed.
+void print_speedup(const ResultRow& row, const ResultRow& baseline);
+
+// Prints PASSED or FAILED and returns main's exit code (0 or 1).
+int verdict(bool ok);
+// For main's catch (...): prints "error: ..." after flushing stdout (so a log reads in order) and
+// returns 2 for a UsageError (bad usage, bad input) or 1 for anything else.
+int exit_code_of_current_exception();
 
 }  // namespace fa

@@ -39,12 +39,4 @@ std::vector<T> random_normal(size_t n, uint64_t seed, double mean = 0.5, double 
   return x;
 }
 
-template <class T>
-std::vector<T> random_uniform(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
-  Rng rng(seed);
-  std::vector<T> x(n);
-  for (auto& e : x) e = from_float<T>(float(lo + (hi - lo) * rng.uniform()));
-  return x;
-}
-
 }  // namespace fa

@@ -120,6 +120,33 @@ void reference_backward_group(const Problem& p, int b, int hk, const float* q, c
   }
 }
 
+void reference_dkdv_rows(const Problem& p, int b, int hk, int j0, int j1, const float* q, const float* k,
+                         const float* v, const float* dout, double* dk, double* dv) {
+  const int d = p.head_dim, Nk = p.kv_len;
+  const double scale = p.softmax_scale();
+  const float* V = v + p.kv_offset(b, hk);
+  std::fill(dk, dk + size_t(j1 - j0) * d, 0.0);
+  std::fill(dv, dv + size_t(j1 - j0) * d, 0.0);
+  std::vector<double> P(Nk), Pd(Nk), dP(Nk);
+  double lse;
+  for (int g = 0; g < p.group(); ++g) {
+    const int h = hk * p.group() + g;
+    const float* Q = q + p.q_offset(b, h);
+    const float* dO = dout + p.q_offset(b, h);
+    for (int i = 0; i < p.q_len; ++i) {  // one query row at a time: its P, dP and D need the whole row
+      softmax_rows(p, b, h, i, i + 1, q, k, P.data(), Pd.data(), &lse);
+      const double D = dP_row(p, b, h, i, P.data(), dO + size_t(i) * d, V, dP.data());
+      for (int j = j0; j < j1; ++j) {
+        const double dS = P[j] * (dP[j] - D);
+        for (int c = 0; c < d; ++c) {
+          dv[size_t(j - j0) * d + c] += Pd[j] * double(dO[size_t(i) * d + c]);
+          dk[size_t(j - j0) * d + c] += scale * dS * double(Q[size_t(i) * d + c]);
+        }
+      }
+    }
+  }
+}
+
 void reference_dq_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
                        const float* v, const float* dout, double* dq) {
   const int d = p.head_dim, Nk = p.kv_len;

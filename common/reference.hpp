@@ -33,6 +33,12 @@ void reference_backward_group(const Problem& p, int b, int hk, const float* q, c
 void reference_dq_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
                        const float* v, const float* dout, double* dq);
 
+// dK and dV of key rows [j0, j1) of kv head (b, hk) alone ([j1 - j0, head_dim] each, summed over the
+// group): a key row needs every query row, so this costs a forward over the group's rows, without the
+// Nq x Nk buffers of reference_backward_group (tests check a sample of key rows of a large problem).
+void reference_dkdv_rows(const Problem& p, int b, int hk, int j0, int j1, const float* q, const float* k,
+                         const float* v, const float* dout, double* dk, double* dv);
+
 // Backward for every head: dq in Q's layout, dk and dv in K's layout.
 void reference_backward(const Problem& p, const float* q, const float* k, const float* v,
                         const float* dout, std::vector<double>& dq, std::vector<double>& dk,

@@ -3,8 +3,11 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
+
+#include "replace_file.hpp"
 
 namespace fa {
 namespace {
@@ -53,22 +56,18 @@ std::string json_line(const ResultRow& r) {
 
 void append_rows(const std::string& path, const std::vector<ResultRow>& rows) {
   const bool jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
-  bool fresh;
+  std::string old;
   {
-    std::ifstream in(path);
-    fresh = !in || in.peek() == std::ifstream::traits_type::eof();
+    std::ifstream in(path, std::ios::binary);
+    if (in) old.assign(std::istreambuf_iterator<char>(in), {});
   }
-  std::ofstream f(path, std::ios::app);
-  if (!f) throw std::runtime_error("cannot write " + path);
-  if (fresh && !jsonl) f << csv_header() << "\n";
-  for (const auto& r : rows) f << (jsonl ? json_line(r) : csv_line(r)) << "\n";
-}
-
-std::string human_bytes(double bytes) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  return num(bytes, "%.3g") + " " + unit[u];
+  // The old rows and the new ones replace the file whole: a failed write leaves the old file as it was.
+  replace_file(path, [&](std::ofstream& f) {
+    f << old;
+    if (!old.empty() && old.back() != '\n') f << "\n";
+    if (old.empty() && !jsonl) f << csv_header() << "\n";
+    for (const auto& r : rows) f << (jsonl ? json_line(r) : csv_line(r)) << "\n";
+  });
 }
 
 std::string format_table(const std::vector<ResultRow>& rows) {

@@ -4,10 +4,13 @@
 #include <string>
 #include <vector>
 
+#include "bytes.hpp"
 #include "problem.hpp"
 
 namespace fa {
 
+// Built by name, field by field (program.cuh's result_row fills the first ones, time_kernel the
+// timing ones): a row says which kernel ran on which problem, how fast, and how far from fp64.
 struct ResultRow {
   std::string gpu, chapter, kernel, pass = "fwd", dtype = "fp32";
   Problem problem;
@@ -22,11 +25,9 @@ std::string csv_line(const ResultRow& r);
 // One JSON object per row, the CSV's fields under the same names; a non-finite number is null.
 std::string json_line(const ResultRow& r);
 // Appends rows to `path`: JSON Lines (one json_line each) if it ends in ".jsonl", else CSV, writing the
-// header first if the file is new or empty.
+// header first if the file is new or empty. The file is replaced whole (temporary file + rename).
 void append_rows(const std::string& path, const std::vector<ResultRow>& rows);
 // A fixed-width table for the terminal.
 std::string format_table(const std::vector<ResultRow>& rows);
-// "1.50 GiB", "96.0 KiB"
-std::string human_bytes(double bytes);
 
 }  // namespace fa

@@ -13,9 +13,16 @@ namespace fa {
 inline std::vector<std::pair<int, int>> edge_lengths() {
   return {{1, 1}, {17, 17}, {97, 97}, {113, 203}, {203, 113}, {1023, 1023}};
 }
+// Shapes the edge lengths miss: exact tile multiples (every tile full: the unmasked path), one query
+// row against many keys (decoding) and many rows against one key, and a q_len - kv_len of 64 or more,
+// where with causal a whole block of 64 query rows sees no key.
+inline std::vector<std::pair<int, int>> tile_and_vector_lengths() {
+  return {{64, 64}, {128, 128}, {1024, 1024}, {1, 203}, {1, 1024}, {203, 1}, {200, 64}};
+}
 
 // fp32 kernels vs the fp64 reference, element-wise |got - ref| <= atol + rtol |ref|.
-// Inputs are N(0.5, 1). An output element of O is an average of up to Nk values of V (|v| ~ 1),
+// Inputs are N(0.5, 1), or inputs.hpp's large_logit_inputs at d = 16, 64 or 256, whose S is exact
+// in fp32. An output element of O is an average of up to Nk values of V (|v| ~ 1),
 // accumulated in fp32 (unit roundoff u = 6e-8) with weights exp(S - m) whose argument carries the
 // rounding of a d-term dot product. Rounding errors of random sign grow like sqrt(n) u: about 2e-6 for
 // n = Nk = 1023 (the tests' longest rows) and 1.5e-5 for n = 65536 (the longest program run), against
@@ -26,5 +33,15 @@ inline std::vector<std::pair<int, int>> edge_lengths() {
 // products of two such quantities: observed up to 6e-6, hence 5x the forward's atol and 2x its rtol.
 constexpr Tolerance kTolFp32Forward{2e-5, 1e-4};
 constexpr Tolerance kTolFp32Backward{1e-4, 2e-4};
+
+// LSE_i = m_i + log l_i needs its own rule: it is not bounded like O (|LSE| ~ log Nk + max_j S_ij,
+// about 10 for N(0.5, 1) inputs and several hundred for large logits), so a relative bound lets a
+// real bias through (1e-4 |LSE| = 1e-3 at |LSE| = 10; a bias of 3e-4 would pass). Its error has two
+// parts: (1) m_i is a rounded d-term dot product times scale, and log l_i sums up to Nk terms in
+// (0, 1]: together about sqrt(d) u |S| + sqrt(Nk) u, i.e. 1e-6 .. 3e-6 at the tests' sizes; atol
+// 1e-5 covers that 3x over. (2) fp32 cannot hold LSE closer than half an ulp, 2^-24 |LSE| (3e-5 at
+// |LSE| = 500); rtol 1e-6 = 16 ulp covers the rounding of m and of the final add. A bias of 3e-4 at
+// |LSE| = 10 now fails (limit 2e-5).
+constexpr Tolerance kTolLse{1e-5, 1e-6};
 
 }  // namespace fa

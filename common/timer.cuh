@@ -13,14 +13,10 @@
 
 namespace fa {
 
-struct Timing {
-  double median_ms = 0, min_ms = 0, max_ms = 0;
-};
-
+// The median time of `run` in milliseconds (0 when iters is 0).
 template <class Fn>
-Timing time_ms(Fn&& run, int warmup, int iters) {
-  Timing t;
-  if (iters <= 0) return t;
+double time_ms(Fn&& run, int warmup, int iters) {
+  if (iters <= 0) return 0;
   for (int i = 0; i < warmup; ++i) run();
   CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -42,10 +38,7 @@ Timing time_ms(Fn&& run, int warmup, int iters) {
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
-  t.median_ms = ms[ms.size() / 2];
-  t.min_ms = ms.front();
-  t.max_ms = ms.back();
-  return t;
+  return ms[ms.size() / 2];
 }
 
 }  // namespace fa

@@ -57,3 +57,35 @@ TEST_CASE("cli: --help lists every shared flag") {
   const char* argv[] = {"prog", "--help"};
   CHECK(cli.parse(2, argv).help);
 }
+
+TEST_CASE("cli: -h, fp32 range of floats, minimums of int options, [auto] in the help") {
+  const char* h[] = {"prog", "-h"};
+  Options d;
+  d.problem.q_len = 128;
+  {
+    Cli cli("prog", "test", d);
+    CHECK(cli.parse(2, h).help);
+  }
+  CHECK_THROWS_WITH_AS(parse({"--scale", "1e-50"}),
+                       "bad value '1e-50' for --scale: too small for fp32 (smallest normal 1.2e-38); it would round to 0",
+                       UsageError);
+  CHECK_THROWS_AS(parse({"--scale", "1e50"}), UsageError);
+  CHECK_THROWS_AS(parse({"--scale", "nan"}), UsageError);
+  CHECK(parse({"--scale", "1e-30"}).problem.scale == doctest::Approx(1e-30));
+  CHECK_THROWS_AS(parse({"--in", ""}), UsageError);
+
+  int sram = 0, rows = 0;
+  Cli cli("prog", "test", d);
+  cli.add_option("--sram-kb", &sram, "on-chip memory (auto = the device's)", 0, true);
+  cli.add_option("--rows", &rows, "rows", 1);
+  cli.extend_help("--head-dim", "this chapter: 16, 32");
+  const std::string u = cli.usage();
+  CHECK(u.find("--sram-kb N     on-chip memory (auto = the device's) [auto]") != std::string::npos);
+  CHECK(u.find("--kv-heads N    key/value heads Hkv (divides H; auto = H) [auto]") != std::string::npos);
+  CHECK(u.find("--scale X       softmax scale (auto = 1/sqrt(d)) [auto]") != std::string::npos);
+  CHECK(u.find("head dimension d; this chapter: 16, 32 [64]") != std::string::npos);
+  const char* neg[] = {"prog", "--sram-kb", "-3"};
+  CHECK_THROWS_WITH_AS(cli.parse(3, neg), "bad value '-3' for --sram-kb: must be >= 0 (0 = auto)", UsageError);
+  const char* zero[] = {"prog", "--rows", "0"};
+  CHECK_THROWS_WITH_AS(cli.parse(3, zero), "bad value '0' for --rows: must be >= 1", UsageError);
+}

@@ -67,6 +67,7 @@ TEST_CASE("result rows: --csv appends CSV with one header, or JSON Lines for .js
   REQUIRE(c.size() == 4);
   CHECK(c[0] == csv_header());
   CHECK(c[3] == csv_line(r));
+  CHECK(!std::filesystem::exists(csv + ".tmp"));  // written through a temporary file, renamed at the end
   append_rows(jsonl, {r, r});
   const auto j = read_lines(jsonl);
   REQUIRE(j.size() == 2);

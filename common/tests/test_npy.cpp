@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "npy.hpp"
+#include "problem.hpp"
 #include "random.hpp"
 
 using namespace fa;
@@ -39,7 +40,7 @@ TEST_CASE("npy: the header is NumPy's (64-byte aligned, version 1.0)") {
 }
 
 TEST_CASE("npy: clear errors for a missing file, a wrong dtype and a short file") {
-  CHECK_THROWS_WITH_AS(npy_read("no_such_file.npy"), "cannot open no_such_file.npy", std::runtime_error);
+  CHECK_THROWS_WITH_AS(npy_read("no_such_file.npy"), "cannot open no_such_file.npy (missing or unreadable)", UsageError);
   const std::string path = "test_npy_bad.npy";
   {
     std::ofstream f(path, std::ios::binary);
@@ -70,4 +71,48 @@ TEST_CASE("fp16/bf16 conversions round to nearest even") {
   CHECK(to_float(from_float<half_t>(5.96046448e-8f)) == 5.96046448e-8f);  // smallest subnormal
   CHECK(from_float<bfloat16_t>(1.0f).bits == 0x3F80);
   CHECK(to_float(from_float<bfloat16_t>(3.14159f)) == 3.140625f);
+}
+
+namespace {
+// A .npy file with the given header dictionary and `data_bytes` zero bytes of data.
+void write_raw(const std::string& path, const std::string& dict, size_t data_bytes) {
+  std::string h = dict;
+  h.resize(128 - 10 - 1, ' ');
+  std::ofstream f(path, std::ios::binary);
+  f << "\x93NUMPY" << char(1) << char(0) << char(h.size() + 1) << char(0) << h << "\n";
+  f << std::string(data_bytes, '\0');
+}
+}  // namespace
+
+TEST_CASE("npy: crafted headers are UsageErrors that name the problem, before any allocation") {
+  const std::string path = "test_npy_crafted.npy";
+  auto header = [](const std::string& shape) {
+    return "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  };
+  write_raw(path, header("(-1, 2, 3, 4)"), 0);
+  CHECK_THROWS_WITH_AS(npy_read(path), (path + ": shape entry '-1' is not a non-negative integer").c_str(), UsageError);
+  write_raw(path, header("(1, 2, 1e11, 16)"), 0);
+  CHECK_THROWS_AS(npy_read(path), UsageError);
+  write_raw(path, header("(4611686018427387905, 1, 1, 4)"), 16);  // 2^62 + 1: must not wrap to 1
+  CHECK_THROWS_AS(npy_read(path), UsageError);
+  write_raw(path, header("(1, 2, 100000000, 16)"), 64);  // 12.8 GB promised, 64 bytes present
+  CHECK_THROWS_AS(npy_read_header(path), UsageError);
+  write_raw(path, header("(2, 2)"), 20);  // 4 bytes too many
+  CHECK_THROWS_AS(npy_read_header(path), UsageError);
+  write_raw(path, header("(2, 2)"), 16);
+  CHECK(npy_read(path).shape == std::vector<size_t>{2, 2});
+  write_raw(path, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16);
+  CHECK_THROWS_AS(npy_read(path), UsageError);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("npy: a write goes through a temporary file; a failed write leaves nothing behind") {
+  const float x[2] = {1, 2};
+  CHECK_THROWS_AS(npy_write("no_such_dir/o.npy", {2}, x), std::runtime_error);
+  std::ifstream tmp("no_such_dir/o.npy.tmp");
+  CHECK(!tmp);
+  npy_write("test_npy_atomic.npy", {2}, x);
+  CHECK(!std::ifstream("test_npy_atomic.npy.tmp"));
+  CHECK(npy_read("test_npy_atomic.npy").data == std::vector<float>{1, 2});
+  std::remove("test_npy_atomic.npy");
 }

@@ -198,3 +198,22 @@ TEST_CASE("reference_softmax: rows sum to 1 and large logits do not overflow") {
     CHECK(s == doctest::Approx(1.0).epsilon(1e-12));
   }
 }
+
+TEST_CASE("reference_dkdv_rows equals the key rows of the full backward (causal, GQA, dropout, empty rows)") {
+  for (bool causal : {false, true}) {
+    Problem p = tiny(13, 9, 5, causal, 4, 2, 0.3f);
+    const auto q = random_normal<float>(p.q_elems(), 1), k = random_normal<float>(p.kv_elems(), 2);
+    const auto v = random_normal<float>(p.kv_elems(), 3), dout = random_normal<float>(p.q_elems(), 4, 0.0);
+    std::vector<double> dq, dk, dv;
+    reference_backward(p, q.data(), k.data(), v.data(), dout.data(), dq, dk, dv);
+    for (int b = 0; b < p.batch; ++b)
+      for (int hk = 0; hk < p.kv_heads; ++hk) {
+        std::vector<double> rk(size_t(5) * p.head_dim), rv(rk.size());
+        reference_dkdv_rows(p, b, hk, 3, 8, q.data(), k.data(), v.data(), dout.data(), rk.data(), rv.data());
+        for (size_t e = 0; e < rk.size(); ++e) {
+          CHECK(rk[e] == doctest::Approx(dk[p.kv_offset(b, hk) + 3 * p.head_dim + e]));
+          CHECK(rv[e] == doctest::Approx(dv[p.kv_offset(b, hk) + 3 * p.head_dim + e]));
+        }
+      }
+  }
+}
