@@ -5,17 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "philox.hpp"
 #include "problem.hpp"
 
 namespace naive_model {
-
-// Z_ij / (1 - p) of element (i, j) of head (b, h).
-inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
-  if (p.dropout_p == 0.f) return 1.f;
-  const bool keep = fa::dropout_keep(p.seed, p.offset, b, h, i, j, fa::dropout_threshold(p.dropout_p));
-  return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
-}
 
 struct Head {  // the N x N matrices of one head, as they would sit in HBM
   std::vector<float> S, P, Pd;
@@ -45,7 +37,7 @@ inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, con
     for (int j = 0; j < Nk; ++j) {
       const float pij = j < n ? std::exp(m.S[size_t(i) * Nk + j] - mx) / l : 0.f;
       m.P[size_t(i) * Nk + j] = pij;
-      m.Pd[size_t(i) * Nk + j] = pij * dropout_factor(p, b, h, i, j);
+      m.Pd[size_t(i) * Nk + j] = pij * p.dropout_scale(b, h, i, j);
     }
     lse[i] = n > 0 ? mx + std::log(l) : -INFINITY;
   }
@@ -82,7 +74,7 @@ inline void backward_head(const fa::Problem& p, int b, int h, const Head& m, con
     for (int j = 0; j < Nk; ++j) {
       float acc = 0;
       for (int c = 0; c < d; ++c) acc += dO[i * d + c] * V[j * d + c];
-      dS[size_t(i) * Nk + j] = acc * dropout_factor(p, b, h, i, j);
+      dS[size_t(i) * Nk + j] = acc * p.dropout_scale(b, h, i, j);
     }
   // line 3: dS_ij = P_ij (dP_ij - D_i), D_i = sum_j P_ij dP_ij
   for (int i = 0; i < Nq; ++i) {

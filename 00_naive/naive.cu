@@ -1,4 +1,4 @@
-// Chapter 00: standard attention (seed Algorithm 0 forward, Algorithm 3 backward), fp32.
+// Chapter 00: standard attention (FA1 paper's Algorithm 0 forward, Algorithm 3 backward), fp32.
 //
 // Forward, three kernels, each a full round trip through HBM:
 //   1. S = scale * Q K^T            batched_gemm    writes the Nq x Nk matrix S
@@ -14,9 +14,9 @@
 #include "naive.cuh"
 
 #include <cfloat>
+#include <string>
 
 #include "cuda_check.cuh"
-#include "philox.hpp"
 
 namespace naive {
 namespace {
@@ -86,10 +86,16 @@ __global__ void batched_gemm(GemmArgs g) {
   }
 }
 
+constexpr int kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+
 template <bool kTransA, bool kTransB>
 void gemm(const GemmArgs& g, int batch) {
-  if (batch > 65535) throw fa::UsageError("naive: batch * heads must be <= 65535 (one grid z-slice each)");
-  const dim3 grid((g.N + kTile - 1) / kTile, (g.M + kTile - 1) / kTile, batch);
+  if (batch > kMaxGridYZ) throw fa::UsageError("naive: batch * heads must be <= 65535 (one grid z-slice each)");
+  const long long tiles_m = (g.M + kTile - 1) / kTile;  // grid.y: M is q_len or kv_len
+  if (tiles_m > kMaxGridYZ)
+    throw fa::UsageError("naive: q_len and kv_len must be <= " + std::to_string(kMaxGridYZ * kTile) +
+                         " (one grid row per " + std::to_string(kTile) + " rows of S)");
+  const dim3 grid((g.N + kTile - 1) / kTile, unsigned(tiles_m), batch);
   batched_gemm<kTransA, kTransB><<<grid, dim3(kTile, kRowsPerPass)>>>(g);
   CHECK_LAUNCH();
 }
@@ -116,22 +122,15 @@ struct Sum {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
 
-// Row r of the [B*H*Nq, Nk] matrix belongs to head z = r / Nq (b = z / H, h = z % H), query i = r % Nq.
+// Row r of the [B*H*Nq, Nk] matrix belongs to head z = r / Nq (b = z / H, h = z % H), query i = r % Nq;
+// it sees keys 0 .. visible - 1 (Problem::visible_keys: causal, bottom-right aligned).
 struct RowInfo {
   int b, h, i, visible;
 };
 __device__ RowInfo row_info(const fa::Problem& p, long long r) {
   const int i = int(r % p.q_len);
   const int z = int(r / p.q_len);
-  // causal, bottom-right aligned: query i sees keys j <= i + Nk - Nq
-  const int visible = p.causal ? min(max(i + p.kv_len - p.q_len + 1, 0), p.kv_len) : p.kv_len;
-  return {z / p.heads, z % p.heads, i, visible};
-}
-
-// Z_ij / (1 - p): the dropout factor of element (i, j) of head (b, h).
-__device__ float dropout_factor(const fa::Problem& p, const RowInfo& ri, int j, uint32_t threshold, float keep_scale) {
-  if (p.dropout_p == 0.f) return 1.f;
-  return fa::dropout_keep(p.seed, p.offset, ri.b, ri.h, ri.i, j, threshold) ? keep_scale : 0.f;
+  return {z / p.heads, z % p.heads, i, p.visible_keys(i)};
 }
 
 // softmax_rows: one block of kRowThreads per row. Three passes over the row in HBM (safe softmax):
@@ -148,12 +147,10 @@ __global__ void softmax_rows(fa::Problem p, const float* S, float* P, float* Pd,
   float l = 0.f;
   for (int j = threadIdx.x; j < ri.visible; j += kRowThreads) l += expf(s[j] - m);
   l = block_reduce(l, red, Sum());
-  const uint32_t threshold = fa::dropout_threshold(p.dropout_p);
-  const float keep_scale = 1.f / (1.f - p.dropout_p);
   for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads) {
     const float pij = j < ri.visible ? expf(s[j] - m) / l : 0.f;
     P[r * p.kv_len + j] = pij;
-    if (Pd) Pd[r * p.kv_len + j] = pij * dropout_factor(p, ri, j, threshold, keep_scale);
+    if (Pd) Pd[r * p.kv_len + j] = pij * p.dropout_scale(ri.b, ri.h, ri.i, j);
   }
   if (threadIdx.x == 0) lse[r] = ri.visible > 0 ? m + logf(l) : -INFINITY;
 }
@@ -167,14 +164,11 @@ __global__ void softmax_backward_rows(fa::Problem p, const float* P, float* dP) 
   const RowInfo ri = row_info(p, r);
   const float* pr = P + r * p.kv_len;
   float* dpr = dP + r * p.kv_len;
-  const uint32_t threshold = fa::dropout_threshold(p.dropout_p);
-  const float keep_scale = 1.f / (1.f - p.dropout_p);
-  float D = 0.f;
+  float D_i = 0.f;
+  for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads) D_i += pr[j] * dpr[j] * p.dropout_scale(ri.b, ri.h, ri.i, j);
+  D_i = block_reduce(D_i, red, Sum());
   for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads)
-    D += pr[j] * dpr[j] * dropout_factor(p, ri, j, threshold, keep_scale);
-  D = block_reduce(D, red, Sum());
-  for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads)
-    dpr[j] = pr[j] * (dpr[j] * dropout_factor(p, ri, j, threshold, keep_scale) - D);
+    dpr[j] = pr[j] * (dpr[j] * p.dropout_scale(ri.b, ri.h, ri.i, j) - D_i);
 }
 
 }  // namespace

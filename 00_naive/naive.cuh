@@ -22,7 +22,7 @@ struct Workspace {
 void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
              Workspace& ws);
 
-// dQ, dK, dV from the P (and P~) that forward() left in ws (seed Algorithm 3).
+// dQ, dK, dV from the P (and P~) that forward() left in ws (Algorithm 3 of the FA1 paper).
 void backward(const fa::Problem& p, const float* q, const float* k, const float* v, const float* dout,
               Workspace& ws, float* dq, float* dk, float* dv);
 

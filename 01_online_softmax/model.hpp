@@ -75,7 +75,7 @@ inline void attention_row(const fa::Problem& p, Form form, const float* q, const
   for (int j = 0; j < visible; ++j) {
     float x = 0.f;
     for (int c = 0; c < d; ++c) x += q[c] * K[size_t(j) * d + c];
-    x *= p.softmax_scale();                                  // line 2: x_j = tau q . k_j
+    x *= p.softmax_scale();                                  // line 2: x_j = scale q . k_j
     const float m_new = std::fmax(m, x);                     // line 3
     const float alpha = std::exp(m - m_new), pj = std::exp(x - m_new);
     const float l_new = l * alpha + pj;                      // line 4

@@ -188,7 +188,7 @@ void launch_softmax(const float* x, float* y, int rows, int cols) {
 // heads); warp w owns row i. Lane t holds q_i[c] and the accumulator o_i[c] for c = t + 32 s,
 // s < kSlots: registers need a compile-time size, so the kernel is instantiated for kSlots = 1, 2, 4, 8
 // (head_dim <= 32, 64, 128, 256) and loads/stores are predicated on c < d. Per key j: each lane
-// multiplies its slice of k_j, a warp shuffle reduction gives x_j = tau q_i . k_j to every lane, and
+// multiplies its slice of k_j, a warp shuffle reduction gives x_j = scale q_i . k_j to every lane, and
 // every lane updates (m, l) (warp-uniform) and its slice of o_i. kKeysPerStep keys are reduced
 // together so their shuffles overlap; the recurrence still absorbs them one at a time (line 3-5).
 // No shared memory, no barriers: a warp whose row is past Nq simply returns. Each warp reads all the
@@ -198,29 +198,20 @@ constexpr int kRowsPerBlock = 4;
 constexpr int kKeysPerStep = 4;
 constexpr int kMaxHeadDim = 256;
 
-// What a kernel needs of fa::Problem (whose member functions are host code), with tau computed once.
-struct Geometry {
-  int heads, group, q_len, kv_len, d, kv_heads;
-  bool causal;
-  float tau;
-};
-
 template <int kSlots, Form kForm>
-__global__ void attention_rows(Geometry g, int row_blocks, const float* __restrict__ q,
+__global__ void attention_rows(fa::Problem p, int row_blocks, const float* __restrict__ q,
                                const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ o,
                                float* __restrict__ lse) {
   const int lane = threadIdx.x % kWarp;
   const int bh = blockIdx.x / row_blocks;  // b * H + h
   const int i = (blockIdx.x % row_blocks) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (i >= g.q_len) return;
-  const int b = bh / g.heads, h = bh % g.heads, d = g.d;
-  const size_t kv_head = size_t(b) * g.kv_heads + h / g.group;  // GQA: query head h reads kv head h / G
-  const float* Q = q + (size_t(bh) * g.q_len + i) * d;
-  const float* K = k + kv_head * g.kv_len * d;
-  const float* V = v + kv_head * g.kv_len * d;
-  // causal, bottom-right aligned: query i sees keys j <= i + Nk - Nq. Warp-uniform.
-  const int n = g.causal ? min(max(i + g.kv_len - g.q_len + 1, 0), g.kv_len) : g.kv_len;
-  const float tau = g.tau;
+  if (i >= p.q_len) return;
+  const int b = bh / p.heads, h = bh % p.heads, d = p.head_dim;
+  const float* Q = q + p.q_offset(b, h) + size_t(i) * d;
+  const float* K = k + p.kv_offset(b, p.kv_head_of(h));  // GQA: query head h reads kv head h / G
+  const float* V = v + p.kv_offset(b, p.kv_head_of(h));
+  const int n = p.visible_keys(i);  // causal, bottom-right aligned; warp-uniform
+  const float scale = p.softmax_scale();
 
   float qr[kSlots], acc[kSlots];
 #pragma unroll
@@ -252,7 +243,7 @@ __global__ void attention_rows(Geometry g, int row_blocks, const float* __restri
     for (int u = 0; u < kKeysPerStep; ++u) {
       const int j = j0 + u;
       if (j >= n) break;  // warp-uniform
-      const float xj = tau * x[u];
+      const float xj = scale * x[u];
       const float m_new = fmaxf(m, xj);                                // line 3
       const float alpha = expf(m - m_new), pj = expf(xj - m_new);      // exp(-inf) = 0 at j = 0
       const float l_new = l * alpha + pj;                               // line 4
@@ -275,13 +266,13 @@ __global__ void attention_rows(Geometry g, int row_blocks, const float* __restri
   }
   // line 7: the FA2 form divides once; an empty row (n = 0) keeps acc = 0.
   const float final_scale = (kForm == Form::Fa2DeferredNormalisation && n > 0) ? 1.f / l : 1.f;
-  float* O = o + (size_t(bh) * g.q_len + i) * d;
+  float* O = o + p.q_offset(b, h) + size_t(i) * d;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int c = lane + kWarp * s;
     if (c < d) O[c] = acc[s] * final_scale;
   }
-  if (lane == 0) lse[size_t(bh) * g.q_len + i] = n > 0 ? m + logf(l) : -INFINITY;  // line 8
+  if (lane == 0) lse[p.lse_offset(b, h) + i] = n > 0 ? m + logf(l) : -INFINITY;  // line 8
 }
 
 template <int kSlots>
@@ -291,12 +282,11 @@ void launch_attention(const fa::Problem& p, Form form, const float* q, const flo
   const int row_blocks = (p.q_len + kRowsPerBlock - 1) / kRowsPerBlock;
   const long long blocks = (long long)p.batch * p.heads * row_blocks;
   if (blocks > 0x7FFFFFFFLL) throw fa::UsageError("attention_fused: batch * heads * ceil(q_len / 4) must be < 2^31");
-  const Geometry g{p.heads, p.group(), p.q_len, p.kv_len, p.head_dim, p.kv_heads, p.causal, p.softmax_scale()};
   const dim3 grid{unsigned(blocks)}, block{unsigned(kRowsPerBlock * kWarp)};
   if (form == Form::Fa1NormalisedEachStep)
-    attention_rows<kSlots, Form::Fa1NormalisedEachStep><<<grid, block>>>(g, row_blocks, q, k, v, o, lse);
+    attention_rows<kSlots, Form::Fa1NormalisedEachStep><<<grid, block>>>(p, row_blocks, q, k, v, o, lse);
   else
-    attention_rows<kSlots, Form::Fa2DeferredNormalisation><<<grid, block>>>(g, row_blocks, q, k, v, o, lse);
+    attention_rows<kSlots, Form::Fa2DeferredNormalisation><<<grid, block>>>(p, row_blocks, q, k, v, o, lse);
   CHECK_LAUNCH();
 }
 
