@@ -33,8 +33,10 @@ static_assert(kBr % (kThreads / kBc) == 0, "phase B: every thread gets the same 
 static_assert(kBr % kWarps == 0, "phase A: every warp loads the same number of rows");
 
 // p.seed, p.offset are the forward's RNG state (RngState), so the dropout mask is regenerated exactly.
+// __launch_bounds__(.., 1): the grid has B * Hkv blocks, one per SM at most at the sizes this chapter runs;
+// saying so lets ptxas use the registers it needs instead of squeezing to 128 and spilling.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     fa1_backward_kernel(fa::Problem p, const float* q, const float* k, const float* v, const float* o,
                         const float* l, const float* m, const float* dout, float* dq, float* dk, float* dv) {
   static_assert(kThreads % D == 0 && kBr % (kThreads / D) == 0, "phase D: d must divide the threads evenly");

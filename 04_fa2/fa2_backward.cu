@@ -49,8 +49,10 @@ __device__ void load_stats(float* Ls, float* Ds, const float* lse_h, const float
 // (columns OutCols<D>::col(tx, .)); for dQ_i it owns query rows ty*2, ty*2+1.
 // Shared memory (floats): K_j, V_j [Bc][D+4]; Q_i, dO_i [Br][D+4]; P~_ij, dS_ij [Br][Bc+4]; L_i, D_i [Br]
 //   = 69.9 KB at d = 64, 119.0 KB at d = 128 (1 KB = 1000 bytes).
+// __launch_bounds__(.., 1): at d = 128 the shared memory allows one block per SM anyway; saying so lets ptxas use
+// the registers it needs (168) instead of squeezing to 128 and spilling.
 template <int D, bool kAtomicDq>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     backward_kv_kernel(fa::Problem p, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                        const float* __restrict__ lse, const float* __restrict__ dout, const float* __restrict__ D_rows,
                        float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv) {
@@ -86,6 +88,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int g = 0; g < p.group(); ++g) {  // line 4: the query heads of this kv head's group
     const int h = hk * p.group() + g;
     auto dropout_scale = [&](int i, int j) {
+      if (p.dropout_p == 0.f) return 1.f;
       return fa::dropout_keep(p.seed, p.offset, b, h, i, j, keep_threshold) ? keep_scale : 0.f;
     };
     const size_t q_base = p.lse_offset(b, h);  // row index of (b, h, 0)
@@ -223,6 +226,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t keep_threshold = p.dropout_threshold();
   const float keep_scale = 1.f / (1.f - p.dropout_p);
   auto dropout_scale = [&](int i, int j) {
+    if (p.dropout_p == 0.f) return 1.f;
     return fa::dropout_keep(p.seed, p.offset, b, h, i, j, keep_threshold) ? keep_scale : 0.f;
   };
   const size_t q_base = p.lse_offset(b, h);  // row index of (b, h, 0)

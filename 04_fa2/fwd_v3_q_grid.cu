@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t keep_threshold = p.dropout_threshold();
   const float keep_scale = 1.f / (1.f - p.dropout_p);
   auto dropout_scale = [&](int i, int j) {
+    if (p.dropout_p == 0.f) return 1.f;
     return fa::dropout_keep(p.seed, p.offset, b, h, i, j, keep_threshold) ? keep_scale : 0.f;
   };
   const int tid = threadIdx.x, tx = tid % kTx, ty = tid / kTx;
