@@ -1,6 +1,9 @@
 // CPU tests (CI): the chapter's plain C++ model equals the fp64 reference.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "model.hpp"
 #include "program.hpp"
 #include "reference.hpp"
@@ -9,7 +12,24 @@
 using namespace fa;
 
 namespace {
+// Large logits: scale = 25/sqrt(d) instead of 1/sqrt(d) makes S reach ~200 (inputs N(0.5, 1)), past
+// log(FLT_MAX) = 88.7, so exp(S) without the max subtraction would overflow fp32. The fp32 rounding of S grows
+// with |S| (a few u |S| ~ 5e-5 at |S| ~ 200), relatively the same in P, O and L; observed up to 1e-4 on O and
+// 1e-3 on the (25x larger) gradients. Hence 5x that.
+constexpr Tolerance kTolLargeLogitsForward{5e-4, 1e-4};
+constexpr Tolerance kTolLargeLogitsBackward{2e-3, 5e-4};
+float large_logit_scale(int d) { return 25.f / std::sqrt(float(d)); }
+bool large_logits(const Problem& p) { return p.scale > 1.f / std::sqrt(float(p.head_dim)); }
+// The largest L_i of the reference: above 88.7, exp(S) alone overflows fp32 for some row.
+double max_lse(const std::vector<double>& rl) {
+  double x = -INFINITY;
+  for (double L : rl) x = std::max(x, L);
+  return x;
+}
+
 void check_model(const Problem& p) {
+  const Tolerance tol_f = large_logits(p) ? kTolLargeLogitsForward : kTolFp32Forward;
+  const Tolerance tol_b = large_logits(p) ? kTolLargeLogitsBackward : kTolFp32Backward;
   const HostTensors in = random_inputs(p, true);
   std::vector<float> o, lse, dq, dk, dv;
   naive_model::attention(p, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), o, lse, dq, dk, dv);
@@ -17,9 +37,9 @@ void check_model(const Problem& p) {
   reference_forward(p, in.q.data(), in.k.data(), in.v.data(), ro, rl);
   reference_backward(p, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq, rk, rv);
   INFO(describe(p));
-  const auto eo = compare(o, ro, kTolFp32Forward), el = compare(lse, rl, kTolFp32Forward);
-  const auto eq = compare(dq, rq, kTolFp32Backward), ek = compare(dk, rk, kTolFp32Backward),
-             ev = compare(dv, rv, kTolFp32Backward);
+  const auto eo = compare(o, ro, tol_f), el = compare(lse, rl, tol_f);
+  const auto eq = compare(dq, rq, tol_b), ek = compare(dk, rk, tol_b), ev = compare(dv, rv, tol_b);
+  if (large_logits(p)) CHECK(std::exp(float(max_lse(rl))) == INFINITY);  // the inputs are large enough
   CHECK_MESSAGE(eo.ok(), eo.summary("O"));
   CHECK_MESSAGE(el.ok(), el.summary("LSE"));
   CHECK_MESSAGE(eq.ok(), eq.summary("dQ"));
@@ -42,5 +62,14 @@ TEST_CASE("00 model: GQA, custom scale and dropout") {
   Problem p;
   p.batch = 1, p.heads = 4, p.kv_heads = 2, p.q_len = 29, p.kv_len = 41, p.head_dim = 8;
   p.causal = true, p.scale = 0.3f, p.dropout_p = 0.25f, p.seed = 11, p.offset = 5;
+  check_model(p);
+}
+
+TEST_CASE("00 model: large logits (S ~ 200: exp(S) alone would overflow fp32), causal, GQA 3") {
+  Problem p;
+  p.batch = 1, p.heads = 3, p.kv_heads = 1, p.q_len = 33, p.kv_len = 20, p.head_dim = 16, p.causal = true;
+  p.scale = large_logit_scale(p.head_dim), p.seed = 21;
+  check_model(p);
+  p.causal = false, p.q_len = 1;  // q_len 1 with kv_len > 1
   check_model(p);
 }

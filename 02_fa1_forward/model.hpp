@@ -1,4 +1,4 @@
-// Chapter 02 model: FlashAttention-1 forward (seed Algorithm 2) in plain C++ (float, like the kernel),
+// Chapter 02 model: FlashAttention-1 forward (FA1's Algorithm 2) in plain C++ (float, like the kernel),
 // loop for loop, with the pseudo-code line numbers of README.md §3 in the comments. "HBM" is the
 // caller's o, l, m arrays; "SRAM" is the local tiles. Tested against the fp64 reference on the CPU
 // (test_model.cpp). Also here, because the kernel's host code uses them too: the block sizes of
@@ -52,14 +52,14 @@ inline double hbm_elements_per_head(const fa::Problem& p, int Br, int Bc) {
   return (Nq * d + 2 * Nq) + 2 * Nk * d + visited_rows(p, Br, Bc) * (3 * d + 4) + 3 * Nq;
 }
 
-// The seed's formula for the same traffic, 2 N d (2 + 3 Tc) elements per head, with N split into Nk
-// (the K, V term) and Nq (the Tc passes over Q and O): 2 d (2 Nk + 3 Nq Tc). Its bracket is the
-// Nd-sized traffic above without line 3 - K, V once (2) and Q_i, O_i read + O_i written per outer
-// step (3 Tc); its leading 2 has no counterpart in the line-by-line count, which it doubles.
-// The program prints both, as stated; its result row carries the line-by-line count.
+// The seed's formula for the same traffic is 2 N d (2 + 3 Tc) BYTES per head at 2 bytes per element
+// (fp16), i.e. N d (2 + 3 Tc) elements: K, V once (2) and, per outer step, Q_i and O_i read and O_i
+// written (3 Tc). With N split into Nk (the K, V term) and Nq (the Tc passes over Q and O) that is
+// d (2 Nk + 3 Nq Tc) elements - the Nd-sized terms of the line-by-line count above without line 3's
+// initialisation (the l, m terms are N-sized and left out of both).
 inline double seed_formula_elements_per_head(const fa::Problem& p, int Bc) {
   const double Nq = p.q_len, Nk = p.kv_len, d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
-  return 2 * d * (2 * Nk + 3 * Nq * Tc);
+  return d * (2 * Nk + 3 * Nq * Tc);
 }
 
 // Algorithm 2 for head (b, h): o [Nq, d], l, m, lse [Nq].

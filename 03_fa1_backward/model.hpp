@@ -1,4 +1,4 @@
-// Chapter 03 model: the FlashAttention-1 backward pass (seed Algorithm 4) in plain C++ (float, like
+// Chapter 03 model: the FlashAttention-1 backward pass (FA1's Algorithm 4) in plain C++ (float, like
 // the kernel), loop for loop, with the pseudo-code line numbers of README.md §3 in the comments.
 // "HBM" is the caller's arrays; "SRAM" is the local tiles. It visits the tiles in the kernel's order
 // (kv group, then j, then the group's query heads, then i) and skips the same causal tiles. Tested
@@ -162,11 +162,12 @@ inline double hbm_bytes(const fa::Problem& p, int Br, int Bc) {
   return 4.0 * (double(p.batch) * p.kv_heads * per_kv_head + double(p.batch) * p.heads * per_head);
 }
 
-// The seed's formula 2 N d (4 + 5 Tc) elements per head, as 2 d (4 Nk + 5 Nq Tc), in bytes: printed next to
-// the count above for comparison (README section 4 says how the two differ).
+// The seed's formula 2 N d (4 + 5 Tc) is in BYTES at 2 bytes per element (fp16): N d (4 + 5 Tc) elements
+// per head, as d (4 Nk + 5 Nq Tc). Here in fp32 bytes, printed next to the count above for comparison
+// (README section 4 says how the two differ).
 inline double seed_formula_bytes(const fa::Problem& p, int Bc) {
   const double d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
-  return 4.0 * p.batch * p.heads * 2 * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
+  return 4.0 * p.batch * p.heads * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
 }
 
 }  // namespace fa1_bwd_model
