@@ -13,7 +13,7 @@ struct Head {  // the N x N matrices of one head, as they would sit in HBM
   std::vector<float> S, P, Pd;
 };
 
-// Forward of head (b, h): o [Nq, d], lse [Nq]; returns S, P, P~ for the backward.
+// Forward of head (b, h): o [Nq, d], lse [Nq]; returns S, P, P^drop for the backward.
 inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, const float* k, const float* v,
                          float* o, float* lse) {
   const int Nq = p.q_len, Nk = p.kv_len, d = p.head_dim;
@@ -41,7 +41,7 @@ inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, con
     }
     lse[i] = n > 0 ? mx + std::log(l) : -INFINITY;
   }
-  // line 3: O = P~ V
+  // line 3: O = P^drop V
   for (int i = 0; i < Nq; ++i)
     for (int c = 0; c < d; ++c) {
       float acc = 0;
@@ -51,7 +51,7 @@ inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, con
   return m;
 }
 
-// Backward of head (b, h) from its P, P~: writes dq [Nq, d]; ADDS into dk, dv [Nk, d] (the heads
+// Backward of head (b, h) from its P, P^drop: writes dq [Nq, d]; ADDS into dk, dv [Nk, d] (the heads
 // of a GQA group share them).
 inline void backward_head(const fa::Problem& p, int b, int h, const Head& m, const float* q, const float* k,
                           const float* v, const float* dout, float* dq, float* dk, float* dv) {
@@ -61,7 +61,7 @@ inline void backward_head(const fa::Problem& p, int b, int h, const Head& m, con
   const float* dO = dout + p.q_offset(b, h);
   const float* K = k + p.kv_offset(b, p.kv_head_of(h));
   const float* V = v + p.kv_offset(b, p.kv_head_of(h));
-  // Algorithm 3, line 1: dV = P~^T dO
+  // Algorithm 3, line 1: dV = P^drop^T dO
   for (int j = 0; j < Nk; ++j)
     for (int c = 0; c < d; ++c) {
       float acc = 0;

@@ -2,10 +2,10 @@
 //
 // Forward, three kernels, each a full round trip through HBM:
 //   1. S = scale * Q K^T            batched_gemm    writes the Nq x Nk matrix S
-//   2. P = softmax(mask(S)), L      softmax_rows    reads S, writes P (and P~ = dropout(P)), L
-//   3. O = P~ V                     batched_gemm    reads P~
+//   2. P = softmax(mask(S)), L      softmax_rows    reads S, writes P (and P^drop = dropout(P)), L
+//   3. O = P^drop V                     batched_gemm    reads P^drop
 // Backward (Algorithm 3), five kernels:
-//   dV = P~^T dO;  dP = (dO V^T) o Z/(1-p);  dS = P o (dP - D), D_i = rowsum(P_i o dP_i);
+//   dV = P^drop^T dO;  dP = (dO V^T) o Z/(1-p);  dS = P o (dP - D), D_i = rowsum(P_i o dP_i);
 //   dQ = scale dS K;  dK = scale dS^T Q
 // One tiled matrix-product kernel serves all five products (no cuBLAS: the chapter shows the whole
 // computation). GQA: query head h reads kv head h / G, and dK, dV of a kv head sum over its G query
@@ -134,7 +134,7 @@ __device__ RowInfo row_info(const fa::Problem& p, long long r) {
 }
 
 // softmax_rows: one block of kRowThreads per row. Three passes over the row in HBM (safe softmax):
-// m = max_j S_ij;  l = sum_j exp(S_ij - m);  P_ij = exp(S_ij - m) / l, and P~_ij = P_ij Z_ij / (1-p).
+// m = max_j S_ij;  l = sum_j exp(S_ij - m);  P_ij = exp(S_ij - m) / l, and P^drop_ij = P_ij Z_ij / (1-p).
 // L_i = m + log l. A row with no visible key: P = 0, L = -inf.
 __global__ void softmax_rows(fa::Problem p, const float* S, float* P, float* Pd, float* lse) {
   __shared__ float red[kWarps];
@@ -156,7 +156,7 @@ __global__ void softmax_rows(fa::Problem p, const float* S, float* P, float* Pd,
 }
 
 // softmax_backward_rows: one block per row, dP overwritten in place by dS.
-// dP_ij <- dP~_ij Z_ij / (1-p);  D_i = sum_j P_ij dP_ij;  dS_ij = P_ij (dP_ij - D_i).
+// dP_ij <- dP^drop_ij Z_ij / (1-p);  D_i = sum_j P_ij dP_ij;  dS_ij = P_ij (dP_ij - D_i).
 // (D_i = rowsum(dO_i o O_i) too, as the README shows; here P and dP are at hand, so sum them.)
 __global__ void softmax_backward_rows(fa::Problem p, const float* P, float* dP) {
   __shared__ float red[kWarps];
@@ -174,7 +174,7 @@ __global__ void softmax_backward_rows(fa::Problem p, const float* P, float* dP) 
 }  // namespace
 
 size_t workspace_bytes(const fa::Problem& p, bool backward) {
-  const size_t matrices = 2 + (p.dropout_p > 0.f) + (backward ? 1 : 0);  // S, P, [P~], [dP]
+  const size_t matrices = 2 + (p.dropout_p > 0.f) + (backward ? 1 : 0);  // S, P, [P^drop], [dP]
   return matrices * p.s_elems() * sizeof(float);
 }
 
@@ -182,7 +182,7 @@ Workspace::Workspace(const fa::Problem& p, bool backward)
     : S(p.s_elems()), P(p.s_elems()), Pd(p.dropout_p > 0.f ? p.s_elems() : 0), dP(backward ? p.s_elems() : 0) {}
 
 void softmax(const fa::Problem& p, const float* S, float* P, float* Pd, float* lse) {
-  if (p.dropout_p > 0.f && !Pd) throw std::invalid_argument("naive::softmax: dropout needs a P~ buffer");
+  if (p.dropout_p > 0.f && !Pd) throw std::invalid_argument("naive::softmax: dropout needs a P^drop buffer");
   const long long rows = (long long)p.batch * p.heads * p.q_len;
   if (rows > 0x7FFFFFFFLL) throw fa::UsageError("naive: batch * heads * q_len must be < 2^31");
   softmax_rows<<<unsigned(rows), kRowThreads>>>(p, S, P, p.dropout_p > 0.f ? Pd : nullptr, lse);
@@ -195,9 +195,9 @@ void forward(const fa::Problem& p, const float* q, const float* k, const float* 
   const long long sq = (long long)Nq * d, sk = (long long)Nk * d, ss = (long long)Nq * Nk;
   // 1. S = scale * Q K^T   (M = Nq, N = Nk, K = d; K^T read as a transposed K)
   gemm<false, true>({Nq, Nk, d, p.softmax_scale(), q, d, sq, 1, k, d, sk, G, ws.S.get(), ss}, BH);
-  // 2. P = softmax(mask(S)), P~ = dropout(P), L
+  // 2. P = softmax(mask(S)), P^drop = dropout(P), L
   softmax(p, ws.S.get(), ws.P.get(), ws.Pd.get(), lse);
-  // 3. O = P~ V            (M = Nq, N = d, K = Nk)
+  // 3. O = P^drop V            (M = Nq, N = d, K = Nk)
   const float* Pd = p.dropout_p > 0.f ? ws.Pd.get() : ws.P.get();
   gemm<false, false>({Nq, d, Nk, 1.f, Pd, Nk, ss, 1, v, d, sk, G, o, sq}, BH);
 }
@@ -210,9 +210,9 @@ void backward(const fa::Problem& p, const float* q, const float* k, const float*
   const long long sq = (long long)Nq * d, sk = (long long)Nk * d, ss = (long long)Nq * Nk;
   const float scale = p.softmax_scale();
   const float* Pd = p.dropout_p > 0.f ? ws.Pd.get() : ws.P.get();
-  // dV = P~^T dO, summed over the group: inner dimension G*Nq (M = Nk, N = d)
+  // dV = P^drop^T dO, summed over the group: inner dimension G*Nq (M = Nk, N = d)
   gemm<true, false>({Nk, d, G * Nq, 1.f, Pd, Nk, G * ss, 1, dout, d, G * sq, 1, dv, sk}, BHkv);
-  // dP~ = dO V^T (M = Nq, N = Nk, K = d)
+  // dP^drop = dO V^T (M = Nq, N = Nk, K = d)
   gemm<false, true>({Nq, Nk, d, 1.f, dout, d, sq, 1, v, d, sk, G, ws.dP.get(), ss}, BH);
   // dS = P o (dP - D), in place
   softmax_backward_rows<<<unsigned((long long)BH * Nq), kRowThreads>>>(p, ws.P.get(), ws.dP.get());

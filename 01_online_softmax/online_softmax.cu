@@ -1,15 +1,15 @@
 // Chapter 01: softmax from three passes to two (the online recurrence), the (m, l) merge operator,
-// and attention fused into one pass per query row. fp32. Pseudo-code: README.md, Algorithms 1-4.
+// and attention fused into one pass per query row. fp32. Pseudo-code: README.md, Listings 1-4.
 //
 // Kernels 1-3 (softmax_rows<kVariant, kVec4>): one block per row of x [rows, cols]; the row is strided
 // over the block's threads, float4 at a time when cols % 4 == 0 and x, y are 16-byte aligned (kVec4),
 // else one float at a time. The block has 128..1024 threads (about 16 elements each, see
 // threads_for), so that the rows in flight on the GPU fit in L2 and the second read of a row hits it.
 // Shared memory: 32 (m, l) pairs = 256 B.
-//   kernel 1, Variant::ThreePass   Algorithm 1: max, sum of exp, normalise  (x read 3 times)
-//   kernel 2, Variant::Online      Algorithm 2: each thread runs the recurrence on its elements; the
+//   kernel 1, Variant::ThreePass   Listing 1: max, sum of exp, normalise  (x read 3 times)
+//   kernel 2, Variant::Online      Listing 2: each thread runs the recurrence on its elements; the
 //                                  block reduces max_t m_t, then sum_t l_t e^{m_t - m}   (x read twice)
-//   kernel 3, Variant::Merge       Algorithm 3: the same per-thread recurrence, then ONE reduction of
+//   kernel 3, Variant::Merge       Listing 3: the same per-thread recurrence, then ONE reduction of
 //                                  the (m, l) pairs with the merge operator: warp shuffles, then
 //                                  shared memory across warps                            (x read twice)
 // Kernel 4 (attention_rows<kSlots, kForm>): see its own comment below.
@@ -112,7 +112,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
   float m, l;
   if constexpr (kVariant == Variant::ThreePass) {
     __shared__ float red[kMaxWarps];
-    // Algorithm 1, line 1: m = max_j x_j
+    // Listing 1, line 1: m = max_j x_j
     float t = -INFINITY;
     for_my_chunks<kVec4>(row, n_chunks, [&](const Chunk<kVec4>& ch, int) {
       for (int e = 0; e < W; ++e) t = fmaxf(t, ch.v[e]);
@@ -125,7 +125,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
     });
     l = block_reduce(t, red, [](float a, float b) { return a + b; });
   } else {
-    // Algorithm 2, lines 1-3, on this thread's elements: the online recurrence, one chunk at a
+    // Listing 2, lines 1-3, on this thread's elements: the online recurrence, one chunk at a
     // time (the rescale e^{m - m_new} once per chunk, the exp of each element once).
     MaxSum s{-INFINITY, 0.f};
     for_my_chunks<kVec4>(row, n_chunks, [&](const Chunk<kVec4>& ch, int) {
@@ -143,7 +143,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
       m = block_reduce(s.m, red, [](float a, float b) { return fmaxf(a, b); });
       l = block_reduce(s.m == -INFINITY ? 0.f : s.l * expf(s.m - m), red, [](float a, float b) { return a + b; });
     } else {
-      // Kernel 3: one reduction with the merge operator (Algorithm 3).
+      // Kernel 3: one reduction with the merge operator (Listing 3).
       __shared__ MaxSum red_pairs[kMaxWarps];
       const MaxSum r = block_merge(s, red_pairs);
       m = r.m, l = r.l;
@@ -183,7 +183,7 @@ void launch_softmax(const float* x, float* y, int rows, int cols) {
 }
 
 // ---- kernel 4: fused attention, one warp per query row -------------------------------------------
-// O_i and L_i for query row i of head (b, h), S never stored (Algorithm 4). Grid: one block of
+// O_i and L_i for query row i of head (b, h), S never stored (Listing 4). Grid: one block of
 // kRowsPerBlock warps per kRowsPerBlock consecutive query rows of one head (blocks never straddle
 // heads); warp w owns row i. Lane t holds q_i[c] and the accumulator o_i[c] for c = t + 32 s,
 // s < kSlots: registers need a compile-time size, so the kernel is instantiated for kSlots = 1, 2, 4, 8

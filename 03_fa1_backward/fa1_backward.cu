@@ -9,7 +9,7 @@
 // same dQ_i at once; chapter 04 removes that conflict.) dK_j, dV_j live in registers; summing over
 // the group inside one block keeps GQA deterministic.
 // Block: kThreads = 256. Shared memory per block (floats): K_j, V_j Bc x (d+1); Q_i, dO_i Br x d;
-// P~_ij Br x Bc; dS_ij Br x (Bc+1); D_i, m_i, 1/l_i Br each. With Br = 32, Bc = 64:
+// P^drop_ij Br x Bc; dS_ij Br x (Bc+1); D_i, m_i, 1/l_i Br each. With Br = 32, Bc = 64:
 // d = 16: 29.0 KiB, 32: 41.0 KiB, 64: 65.0 KiB, 128: 113.0 KiB (above 48 KiB: opted in with
 // cudaFuncSetAttribute). Instantiated for d in {16, 32, 64, 128} (fa1::backward dispatches).
 #include "fa1_backward.cuh"
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* V_s = K_s + kBc * kKvStride;
   float* Q_s = V_s + kBc * kKvStride;
   float* dO_s = Q_s + kBr * D;
-  float* Pd_s = dO_s + kBr * D;  // P~_ij = P_ij o Z_ij / (1 - p)
+  float* Pd_s = dO_s + kBr * D;  // P^drop_ij = P_ij o Z_ij / (1 - p)
   float* dS_s = Pd_s + kBr * kBc;
   float* D_s = dS_s + kBr * kDsStride;
   float* m_s = D_s + kBr;
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncthreads();
 
         // ---- phase B, lines 11-15, 17, 18, 20: S_ij = scale Q_i K_j^T, P_ij = exp(S_ij - m_i) / l_i (masked: 0),
-        // P~_ij = P_ij Z_ij / (1-p), dP_ij = (dO_i V_j^T) Z_ij / (1-p), dS_ij = P_ij (dP_ij - D_i).
+        // P^drop_ij = P_ij Z_ij / (1-p), dP_ij = (dO_i V_j^T) Z_ij / (1-p), dS_ij = P_ij (dP_ij - D_i).
         // Thread: key column cc, rows row_group + k * (kThreads / kBc).
         {
           float s[kRowsB] = {}, dp[kRowsB] = {};
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncthreads();
 
-        // ---- phase C, lines 16 and 22: dV_j += P~_ij^T dO_i, dK_j += scale dS_ij^T Q_i (registers;
+        // ---- phase C, lines 16 and 22: dV_j += P^drop_ij^T dO_i, dK_j += scale dS_ij^T Q_i (registers;
         // scale applied once, when dK_j is written). Thread: key cc, columns row_group + k * (kThreads / kBc).
         for (int r = 0; r < kBr; ++r) {
           const float pd = Pd_s[r * kBc + cc], ds = dS_s[r * kDsStride + cc];
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (i < p.q_len) dQ[size_t(i) * D + c] += scale * acc[k];
           }
         }
-        __syncthreads();  // Q_s, dO_s, P~_s, dS_s are overwritten by the next Q block
+        __syncthreads();  // Q_s, dO_s, P^drop_s, dS_s are overwritten by the next Q block
       }
     }
     // line 24: write dK_j, dV_j to HBM

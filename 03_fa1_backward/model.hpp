@@ -22,7 +22,7 @@ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 inline int first_q_tile_row(const fa::Problem& p, int Br, int j0) { return p.first_query_seeing(j0) / Br * Br; }
 
 // The forward's outputs the backward consumes, row by row (not tiled: chapter 02 tests its own
-// tiling): m_i = max_j S_ij and l_i = sum_j exp(S_ij - m_i) over the visible keys, O = P~ V.
+// tiling): m_i = max_j S_ij and l_i = sum_j exp(S_ij - m_i) over the visible keys, O = P^drop V.
 // An empty causal row has l = 0, m = -inf, O = 0, as 02's forward leaves it.
 inline void forward(const fa::Problem& p, const float* q, const float* k, const float* v, std::vector<float>& o,
                     std::vector<float>& l, std::vector<float>& m) {
@@ -106,15 +106,15 @@ inline void backward_group(const fa::Problem& p, int Br, int Bc, int b, int hk, 
               P = std::exp(scale * s - mh[i]) / lh[i];
               // line 14: Z_ij regenerated from R: the forward's mask
               Z = p.dropout_scale(b, h, i, j);
-              // line 17: dP~_ij = dO_i V_j^T
+              // line 17: dP^drop_ij = dO_i V_j^T
               for (int x = 0; x < d; ++x) dPd += dO[size_t(i) * d + x] * Vj[size_t(c) * d + x];
             }
-            // line 15: P~_ij = P_ij o Z_ij;  line 18: dP_ij = dP~_ij o Z_ij;  line 20: dS_ij = P_ij o (dP_ij - D_i)
+            // line 15: P^drop_ij = P_ij o Z_ij;  line 18: dP_ij = dP^drop_ij o Z_ij;  line 20: dS_ij = P_ij o (dP_ij - D_i)
             Pdij[size_t(r) * Bc + c] = P * Z;
             dSij[size_t(r) * Bc + c] = P * (dPd * Z - D);
           }
         }
-        // line 16: dV~_j += P~_ij^T dO_i;  line 22: dK~_j += dS_ij^T Q_i (scale applied once, at line 24)
+        // line 16: dV~_j += P^drop_ij^T dO_i;  line 22: dK~_j += dS_ij^T Q_i (scale applied once, at line 24)
         for (int c = 0; c < cols; ++c)
           for (int x = 0; x < d; ++x)
             for (int r = 0; r < rows; ++r) {

@@ -47,7 +47,7 @@ __device__ void load_stats(float* Ls, float* Ds, const float* lse_h, const float
 // by atomicAdd (line 11). Grid (ceil(Nk/Bc), Hkv, B), 256 threads.
 // Thread (ty, tx) owns key rows j = ty*4..ty*4+3 of S_ij^T (query columns tx + 16c, c < Br/16) and of dK_j, dV_j
 // (columns OutCols<D>::col(tx, .)); for dQ_i it owns query rows ty*2, ty*2+1.
-// Shared memory (floats): K_j, V_j [Bc][D+4]; Q_i, dO_i [Br][D+4]; P~_ij, dS_ij [Br][Bc+4]; L_i, D_i [Br]
+// Shared memory (floats): K_j, V_j [Bc][D+4]; Q_i, dO_i [Br][D+4]; P^drop_ij, dS_ij [Br][Bc+4]; L_i, D_i [Br]
 //   = 69.9 KB at d = 64, 119.0 KB at d = 128 (1 KB = 1000 bytes).
 // __launch_bounds__(.., 1): at d = 128 the shared memory allows one block per SM anyway; saying so lets ptxas use
 // the registers it needs (168) instead of squeezing to 128 and spilling.
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* Vs = Ks + kBwdBc * kLd;
   float* Qs = Vs + kBwdBc * kLd;
   float* dOs = Qs + kBwdBr * kLd;
-  float* Ps = dOs + kBwdBr * kLd;   // P~_ij  [query][key]
+  float* Ps = dOs + kBwdBr * kLd;   // P^drop_ij  [query][key]
   float* dSs = Ps + kBwdBr * kLdS;  // dS_ij  [query][key]
   float* Ls = dSs + kBwdBr * kLdS;
   float* Ds = Ls + kBwdBr;
@@ -93,13 +93,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     const size_t q_base = p.lse_offset(b, h);  // row index of (b, h, 0)
     for (int i0 = i_first / kBwdBr * kBwdBr; i0 < p.q_len; i0 += kBwdBr) {
-      __syncthreads();  // the previous iteration has finished reading Q_i, dO_i, P~, dS (and K_j, V_j are loaded)
+      __syncthreads();  // the previous iteration has finished reading Q_i, dO_i, P^drop, dS (and K_j, V_j are loaded)
       load_rows<D>(Qs, kLd, q + q_base * D, i0, kBwdBr, p.q_len);  // line 5
       load_rows<D>(dOs, kLd, dout + q_base * D, i0, kBwdBr, p.q_len);
       load_stats(Ls, Ds, lse + q_base, D_rows + q_base, i0, kBwdBr, p.q_len);
       __syncthreads();
 
-      float St[kMicro][kI] = {}, dPt[kMicro][kI] = {};  // S_ij^T = K_j Q_i^T, dP~_ij^T = V_j dO_i^T
+      float St[kMicro][kI] = {}, dPt[kMicro][kI] = {};  // S_ij^T = K_j Q_i^T, dP^drop_ij^T = V_j dO_i^T
 #pragma unroll 4
       for (int c4 = 0; c4 < D; c4 += 4) {
         float4 kv[kMicro], vv[kMicro], qv[kI], dov[kI];
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const bool mask = needs_mask(p, i0, j0, kBwdBc);
 #pragma unroll
-      for (int c = 0; c < kI; ++c) {  // lines 6, 8, 9 element-wise; P~ and dS go to shared memory
+      for (int c = 0; c < kI; ++c) {  // lines 6, 8, 9 element-wise; P^drop and dS go to shared memory
         const int il = tx + kTx * c, i = i0 + il;
         float Pd[kMicro], dS[kMicro];
 #pragma unroll
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();
 
 #pragma unroll 2
-      for (int ii = 0; ii < kBwdBr; ++ii) {  // line 7: dV_j += P~^T dO_i;  line 10: dK_j += dS^T Q_i (scale at the end)
+      for (int ii = 0; ii < kBwdBr; ++ii) {  // line 7: dV_j += P^drop^T dO_i;  line 10: dK_j += dS^T Q_i (scale at the end)
         const float4 p4 = lds4(Ps + ii * kLdS + ty * kMicro), ds4 = lds4(dSs + ii * kLdS + ty * kMicro);
         float dov[Cols::kN], qv[Cols::kN];
         Cols::load(dOs + ii * kLd, tx, dov);
