@@ -6,6 +6,7 @@
 
 #include "model.hpp"
 #include "program.hpp"
+#include "random.hpp"
 #include "reference.hpp"
 #include "testing.hpp"
 
@@ -72,4 +73,34 @@ TEST_CASE("00 model: large logits (S ~ 200: exp(S) alone would overflow fp32), c
   check_model(p);
   p.causal = false, p.q_len = 1;  // q_len 1 with kv_len > 1
   check_model(p);
+}
+
+// SOLUTIONS.md, exercise 5: the G query heads of a kv group are adjacent in memory, so [dS_1; ...; dS_G] and
+// [Q_1; ...; Q_G] are single matrices of G*Nq rows, and one product over them equals the sum of the G products.
+TEST_CASE("00 exercise 5: the stacked GQA product for dK equals the sum of the per-head products") {
+  Problem p;
+  p.batch = 2, p.heads = 6, p.kv_heads = 2, p.q_len = 5, p.kv_len = 7, p.head_dim = 3;
+  const int G = p.group(), Nq = p.q_len, Nk = p.kv_len, d = p.head_dim;
+  const size_t s_head = size_t(Nq) * Nk;  // dS is [B, H, Nq, Nk]: one Nq x Nk matrix per head
+  for (int b = 0; b < p.batch; ++b)
+    for (int hk = 0; hk < p.kv_heads; ++hk)
+      for (int g = 0; g < G; ++g)  // the layout fact the trick rests on
+        CHECK(p.q_offset(b, hk * G + g) == p.q_offset(b, hk * G) + size_t(g) * Nq * d);
+  const std::vector<float> q = random_normal<float>(p.q_elems(), 1), dS = random_normal<float>(p.s_elems(), 2);
+  for (int b = 0; b < p.batch; ++b)
+    for (int hk = 0; hk < p.kv_heads; ++hk) {
+      const size_t q0 = p.q_offset(b, hk * G), s0 = (size_t(b) * p.heads + hk * G) * s_head;
+      for (int j = 0; j < Nk; ++j)
+        for (int c = 0; c < d; ++c) {
+          double stacked = 0, per_head = 0;
+          for (int r = 0; r < G * Nq; ++r) stacked += double(dS[s0 + size_t(r) * Nk + j]) * q[q0 + size_t(r) * d + c];
+          for (int g = 0; g < G; ++g) {
+            const int h = hk * G + g;
+            for (int i = 0; i < Nq; ++i)
+              per_head += double(dS[(size_t(b) * p.heads + h) * s_head + size_t(i) * Nk + j]) *
+                          q[p.q_offset(b, h) + size_t(i) * d + c];
+          }
+          CHECK(stacked == doctest::Approx(per_head).epsilon(1e-12));
+        }
+    }
 }

@@ -203,3 +203,23 @@ TEST_CASE("01 worked example: m, l, o~ and o after each block of two keys") {
     }
   }
 }
+
+// SOLUTIONS.md, exercise 2: in Listing 2, m changes at every left-to-right maximum of the row. For a row of
+// i.i.d. values the k-th element is a new maximum with probability 1/k, so the expected count is the
+// harmonic number H_N = 1 + 1/2 + ... + 1/N ~ ln N + 0.577: 7.49 for N = 1000.
+TEST_CASE("01 exercise 2: the running max of Listing 2 changes about H_N times per row") {
+  const int N = 1000, rows = 4000;
+  const std::vector<float> x = random_normal<float>(size_t(N) * rows, 17);
+  double changes = 0;
+  for (int r = 0; r < rows; ++r) {
+    om::MaxSum s{-INFINITY, 0.f};
+    for (int j = 0; j < N; ++j) {
+      const float before = s.m;
+      s = om::update(s, x[size_t(r) * N + j]);
+      changes += s.m != before;
+    }
+  }
+  double H = 0;
+  for (int k = 1; k <= N; ++k) H += 1.0 / k;
+  CHECK(changes / rows == doctest::Approx(H).epsilon(0.05));  // 4000 rows: standard error ~ 0.6 %
+}

@@ -105,3 +105,19 @@ TEST_CASE("02 worked example: m_i, l_i and the normalised O_i after each K/V blo
     CHECK(o == doctest::Approx(a.O).epsilon(1e-6));
   }
 }
+
+// SOLUTIONS.md, exercise 1: line 2's block sizes for --sram-kb 48 and 24 at d = 64, and the HBM bytes of §4
+// they imply at N = 4096 (one head): Tc grows as Bc shrinks and the leading term 3 N d Tc with it.
+TEST_CASE("02 exercise 1: Bc, Tc and the HBM count for a 48 KiB and a 24 KiB tiling") {
+  const Problem p = make(4096, 4096, 64, false);
+  const auto kb48 = fa1_model::seed_block_sizes(64, 48 * 1024 / 4), kb24 = fa1_model::seed_block_sizes(64, 24 * 1024 / 4);
+  CHECK(kb48.Bc == 48);
+  CHECK(kb48.Br == 48);
+  CHECK(kb24.Bc == 24);
+  CHECK(kb24.Br == 24);
+  CHECK(fa1_model::ceil_div(4096, 48) == 86);
+  CHECK(fa1_model::ceil_div(4096, 24) == 171);
+  const double N = 4096, d = 64;
+  CHECK(fa1_model::hbm_elements_per_head(p, 48, 48) == N * d + 2 * N + 2 * N * d + 86 * N * (3 * d + 4) + 3 * N);
+  CHECK(fa1_model::hbm_elements_per_head(p, 24, 24) == N * d + 2 * N + 2 * N * d + 171 * N * (3 * d + 4) + 3 * N);
+}
