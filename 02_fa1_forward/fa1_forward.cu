@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -239,9 +240,12 @@ void launch(const fa::Problem& p, BlockSizes bs, const float* q, const float* k,
   int dev = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (T::kSmemBytes > size_t(optin))
-    throw fa::UsageError("fa1: head_dim " + std::to_string(D) + " needs " + std::to_string(T::kSmemBytes) +
-                         " bytes of shared memory per block; this device allows " + std::to_string(optin));
+  if (T::kSmemBytes > size_t(optin)) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "fa1: head_dim %d needs %.1f KiB of shared memory per block, this GPU allows %.1f KiB",
+                  D, T::kSmemBytes / 1024.0, optin / 1024.0);
+    throw fa::UsageError(msg);
+  }
   // Above 48 KiB a block must opt in to the larger dynamic shared memory.
   CUDA_CHECK(cudaFuncSetAttribute(fa1_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(T::kSmemBytes)));
