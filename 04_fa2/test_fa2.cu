@@ -49,7 +49,17 @@ void check_fa2(const Problem& p) {
   reference_forward(p, in.q.data(), in.k.data(), in.v.data(), ro, rl);
   reference_backward(p, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq, rk, rv);
 
-  // The ladder: each step on poisoned outputs; the last one's O and L feed the backward and the chain.
+  // The equivalence chain: 02 forward, 03 backward on the same inputs (same Philox dropout mask).
+  DeviceBuffer<float> o1(p.q_elems()), l1(p.lse_elems()), m1(p.lse_elems()), lse1(p.lse_elems());
+  DeviceBuffer<float> dq1(p.q_elems()), dk1(p.kv_elems()), dv1(p.kv_elems());
+  o1.poison(), l1.poison(), m1.poison(), lse1.poison(), dq1.poison(), dk1.poison(), dv1.poison();
+  const fa1::RngState rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), lse1.get());
+  fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), t.dout.get(), dq1.get(),
+                dk1.get(), dv1.get());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<double> o_02 = to_double(o1.download()), lse_02 = to_double(lse1.download());
+
+  // The ladder: each step on poisoned outputs, against fp64 and 02; the last one's O and L feed the backward.
   std::vector<float> o, lse;
   for (const fa2::ForwardStep& step : fa2::forward_steps()) {
     INFO("forward step ", step.name);
@@ -59,8 +69,9 @@ void check_fa2(const Problem& p) {
     o = t.o.download(), lse = t.lse.download();
     expect(compare(o, ro, tol_f), std::string("04 ") + step.name + " O vs fp64");
     expect(compare(lse, rl, tol_f), std::string("04 ") + step.name + " LSE vs fp64");
+    expect(compare(o, o_02, tol_f), std::string("04 ") + step.name + " O vs 02 O");
+    expect(compare(lse, lse_02, tol_f), std::string("04 ") + step.name + " LSE vs 02 LSE");
   }
-  ws.poison();
 
   std::vector<float> dq[2], dk[2], dv[2];
   const fa2::DqMode modes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
@@ -76,16 +87,6 @@ void check_fa2(const Problem& p) {
     expect(compare(dv[mi], rv, tol_b), "04 dV vs fp64");
   }
 
-  // The equivalence chain: 02 forward, 03 backward on the same inputs (same Philox dropout mask).
-  DeviceBuffer<float> o1(p.q_elems()), l1(p.lse_elems()), m1(p.lse_elems()), lse1(p.lse_elems());
-  DeviceBuffer<float> dq1(p.q_elems()), dk1(p.kv_elems()), dv1(p.kv_elems());
-  o1.poison(), l1.poison(), m1.poison(), lse1.poison(), dq1.poison(), dk1.poison(), dv1.poison();
-  const fa1::RngState rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), lse1.get());
-  fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), t.dout.get(), dq1.get(),
-                dk1.get(), dv1.get());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  expect(compare(o, to_double(o1.download()), tol_f), "04 O vs 02 O");
-  expect(compare(lse, to_double(lse1.download()), tol_f), "04 LSE vs 02 LSE");
   for (int mi = 0; mi < 2; ++mi) {
     INFO((mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
     expect(compare(dq[mi], to_double(dq1.download()), tol_b), "04 dQ vs 03 dQ");
