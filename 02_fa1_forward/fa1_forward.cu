@@ -23,7 +23,7 @@ namespace {
 constexpr int kTx = 16, kTy = 16, kThreads = kTx * kTy;
 constexpr int kBcMax = 64;  // the kernel's Bc capacity: 4 columns of S_ij per thread
 constexpr int kPad = 1;     // odd row strides for the tiles read down a column (no bank conflicts)
-// Br capacity: the seed's Br <= d, at most 64 rows (4 per thread).
+// Br capacity: FA1's Br <= d (Algorithm 2 line 2), at most 64 rows (4 per thread).
 constexpr int br_max(int d) { return d < 64 ? d : 64; }
 
 template <int D>

@@ -46,13 +46,13 @@ inline double visited_rows(const fa::Problem& p, int Br, int Bc) {
 //   line 16  l_i, m_i per (i, j)                    R 2
 //   LSE      read l, m, write LSE                   3 Nq
 // Leading term 3 Nq d Tc: Tc passes over Q and O, the cost chapter 04 removes. For Nq = Nk = N and
-// the seed's Theta(N d Tc) = Theta(N^2 d^2 / M) (Theorem 2).
+// FA1's Theta(N d Tc) = Theta(N^2 d^2 / M) (its Theorem 2).
 inline double hbm_elements_per_head(const fa::Problem& p, int Br, int Bc) {
   const double Nq = p.q_len, Nk = p.kv_len, d = p.head_dim;
   return (Nq * d + 2 * Nq) + 2 * Nk * d + visited_rows(p, Br, Bc) * (3 * d + 4) + 3 * Nq;
 }
 
-// The seed's formula for the same traffic is 2 N d (2 + 3 Tc) BYTES per head at 2 bytes per element
+// The closed form often quoted for the same traffic is 2 N d (2 + 3 Tc) BYTES per head at 2 bytes per element
 // (fp16), i.e. N d (2 + 3 Tc) elements: K, V once (2) and, per outer step, Q_i and O_i read and O_i
 // written (3 Tc). With N split into Nk (the K, V term) and Nq (the Tc passes over Q and O) that is
 // d (2 Nk + 3 Nq Tc) elements - the Nd-sized terms of the line-by-line count above without line 3's

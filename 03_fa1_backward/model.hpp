@@ -91,7 +91,7 @@ inline void backward_group(const fa::Problem& p, int Br, int Bc, int b, int hk, 
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           const int visible = p.visible_keys(i);
-          // line 19: D_i = rowsum(dO_i o O_i) (recomputed for every j, as in the seed)
+          // line 19: D_i = rowsum(dO_i o O_i) (recomputed for every j, as FA1's Algorithm 4 does)
           float D = 0;
           for (int x = 0; x < d; ++x) D += dO[size_t(i) * d + x] * O[size_t(i) * d + x];
           for (int c = 0; c < cols; ++c) {
@@ -162,7 +162,7 @@ inline double hbm_bytes(const fa::Problem& p, int Br, int Bc) {
   return 4.0 * (double(p.batch) * p.kv_heads * per_kv_head + double(p.batch) * p.heads * per_head);
 }
 
-// The seed's formula 2 N d (4 + 5 Tc) is in BYTES at 2 bytes per element (fp16): N d (4 + 5 Tc) elements
+// The closed form often quoted, 2 N d (4 + 5 Tc), is in BYTES at 2 bytes per element (fp16): N d (4 + 5 Tc) elements
 // per head, as d (4 Nk + 5 Nq Tc). Here in fp32 bytes, printed next to the count above for comparison
 // (README section 4 says how the two differ).
 inline double seed_formula_bytes(const fa::Problem& p, int Bc) {
