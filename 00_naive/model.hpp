@@ -5,23 +5,15 @@
 #include <cmath>
 #include <vector>
 
-#include "philox.hpp"
 #include "problem.hpp"
 
 namespace naive_model {
-
-// Z_ij / (1 - p) of element (i, j) of head (b, h).
-inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
-  if (p.dropout_p == 0.f) return 1.f;
-  const bool keep = fa::dropout_keep(p.seed, p.offset, b, h, i, j, fa::dropout_threshold(p.dropout_p));
-  return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
-}
 
 struct Head {  // the N x N matrices of one head, as they would sit in HBM
   std::vector<float> S, P, Pd;
 };
 
-// Forward of head (b, h): o [Nq, d], lse [Nq]; returns S, P, P~ for the backward.
+// Forward of head (b, h): o [Nq, d], lse [Nq]; returns S, P, P^drop for the backward.
 inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, const float* k, const float* v,
                          float* o, float* lse) {
   const int Nq = p.q_len, Nk = p.kv_len, d = p.head_dim;
@@ -45,11 +37,11 @@ inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, con
     for (int j = 0; j < Nk; ++j) {
       const float pij = j < n ? std::exp(m.S[size_t(i) * Nk + j] - mx) / l : 0.f;
       m.P[size_t(i) * Nk + j] = pij;
-      m.Pd[size_t(i) * Nk + j] = pij * dropout_factor(p, b, h, i, j);
+      m.Pd[size_t(i) * Nk + j] = pij * p.dropout_scale(b, h, i, j);
     }
     lse[i] = n > 0 ? mx + std::log(l) : -INFINITY;
   }
-  // line 3: O = P~ V
+  // line 3: O = P^drop V
   for (int i = 0; i < Nq; ++i)
     for (int c = 0; c < d; ++c) {
       float acc = 0;
@@ -59,7 +51,7 @@ inline Head forward_head(const fa::Problem& p, int b, int h, const float* q, con
   return m;
 }
 
-// Backward of head (b, h) from its P, P~: writes dq [Nq, d]; ADDS into dk, dv [Nk, d] (the heads
+// Backward of head (b, h) from its P, P^drop: writes dq [Nq, d]; ADDS into dk, dv [Nk, d] (the heads
 // of a GQA group share them).
 inline void backward_head(const fa::Problem& p, int b, int h, const Head& m, const float* q, const float* k,
                           const float* v, const float* dout, float* dq, float* dk, float* dv) {
@@ -69,7 +61,7 @@ inline void backward_head(const fa::Problem& p, int b, int h, const Head& m, con
   const float* dO = dout + p.q_offset(b, h);
   const float* K = k + p.kv_offset(b, p.kv_head_of(h));
   const float* V = v + p.kv_offset(b, p.kv_head_of(h));
-  // Algorithm 3, line 1: dV = P~^T dO
+  // Algorithm 3, line 1: dV = P^drop^T dO
   for (int j = 0; j < Nk; ++j)
     for (int c = 0; c < d; ++c) {
       float acc = 0;
@@ -82,7 +74,7 @@ inline void backward_head(const fa::Problem& p, int b, int h, const Head& m, con
     for (int j = 0; j < Nk; ++j) {
       float acc = 0;
       for (int c = 0; c < d; ++c) acc += dO[i * d + c] * V[j * d + c];
-      dS[size_t(i) * Nk + j] = acc * dropout_factor(p, b, h, i, j);
+      dS[size_t(i) * Nk + j] = acc * p.dropout_scale(b, h, i, j);
     }
   // line 3: dS_ij = P_ij (dP_ij - D_i), D_i = sum_j P_ij dP_ij
   for (int i = 0; i < Nq; ++i) {

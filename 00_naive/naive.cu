@@ -1,11 +1,11 @@
-// Chapter 00: standard attention (seed Algorithm 0 forward, Algorithm 3 backward), fp32.
+// Chapter 00: standard attention (FA1 paper's Algorithm 0 forward, Algorithm 3 backward), fp32.
 //
 // Forward, three kernels, each a full round trip through HBM:
 //   1. S = scale * Q K^T            batched_gemm    writes the Nq x Nk matrix S
-//   2. P = softmax(mask(S)), L      softmax_rows    reads S, writes P (and P~ = dropout(P)), L
-//   3. O = P~ V                     batched_gemm    reads P~
+//   2. P = softmax(mask(S)), L      softmax_rows    reads S, writes P (and P^drop = dropout(P)), L
+//   3. O = P^drop V                     batched_gemm    reads P^drop
 // Backward (Algorithm 3), five kernels:
-//   dV = P~^T dO;  dP = (dO V^T) o Z/(1-p);  dS = P o (dP - D), D_i = rowsum(P_i o dP_i);
+//   dV = P^drop^T dO;  dP = (dO V^T) o Z/(1-p);  dS = P o (dP - D), D_i = rowsum(P_i o dP_i);
 //   dQ = scale dS K;  dK = scale dS^T Q
 // One tiled matrix-product kernel serves all five products (no cuBLAS: the chapter shows the whole
 // computation). GQA: query head h reads kv head h / G, and dK, dV of a kv head sum over its G query
@@ -14,9 +14,9 @@
 #include "naive.cuh"
 
 #include <cfloat>
+#include <string>
 
 #include "cuda_check.cuh"
-#include "philox.hpp"
 
 namespace naive {
 namespace {
@@ -86,10 +86,16 @@ __global__ void batched_gemm(GemmArgs g) {
   }
 }
 
+constexpr int kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+
 template <bool kTransA, bool kTransB>
 void gemm(const GemmArgs& g, int batch) {
-  if (batch > 65535) throw fa::UsageError("naive: batch * heads must be <= 65535 (one grid z-slice each)");
-  const dim3 grid((g.N + kTile - 1) / kTile, (g.M + kTile - 1) / kTile, batch);
+  if (batch > kMaxGridYZ) throw fa::UsageError("naive: batch * heads must be <= 65535 (one grid z-slice each)");
+  const long long tiles_m = (g.M + kTile - 1) / kTile;  // grid.y: M is q_len or kv_len
+  if (tiles_m > kMaxGridYZ)
+    throw fa::UsageError("naive: q_len and kv_len must be <= " + std::to_string(kMaxGridYZ * kTile) +
+                         " (one grid row per " + std::to_string(kTile) + " rows of S)");
+  const dim3 grid((g.N + kTile - 1) / kTile, unsigned(tiles_m), batch);
   batched_gemm<kTransA, kTransB><<<grid, dim3(kTile, kRowsPerPass)>>>(g);
   CHECK_LAUNCH();
 }
@@ -116,26 +122,19 @@ struct Sum {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
 
-// Row r of the [B*H*Nq, Nk] matrix belongs to head z = r / Nq (b = z / H, h = z % H), query i = r % Nq.
+// Row r of the [B*H*Nq, Nk] matrix belongs to head z = r / Nq (b = z / H, h = z % H), query i = r % Nq;
+// it sees keys 0 .. visible - 1 (Problem::visible_keys: causal, bottom-right aligned).
 struct RowInfo {
   int b, h, i, visible;
 };
 __device__ RowInfo row_info(const fa::Problem& p, long long r) {
   const int i = int(r % p.q_len);
   const int z = int(r / p.q_len);
-  // causal, bottom-right aligned: query i sees keys j <= i + Nk - Nq
-  const int visible = p.causal ? min(max(i + p.kv_len - p.q_len + 1, 0), p.kv_len) : p.kv_len;
-  return {z / p.heads, z % p.heads, i, visible};
-}
-
-// Z_ij / (1 - p): the dropout factor of element (i, j) of head (b, h).
-__device__ float dropout_factor(const fa::Problem& p, const RowInfo& ri, int j, uint32_t threshold, float keep_scale) {
-  if (p.dropout_p == 0.f) return 1.f;
-  return fa::dropout_keep(p.seed, p.offset, ri.b, ri.h, ri.i, j, threshold) ? keep_scale : 0.f;
+  return {z / p.heads, z % p.heads, i, p.visible_keys(i)};
 }
 
 // softmax_rows: one block of kRowThreads per row. Three passes over the row in HBM (safe softmax):
-// m = max_j S_ij;  l = sum_j exp(S_ij - m);  P_ij = exp(S_ij - m) / l, and P~_ij = P_ij Z_ij / (1-p).
+// m = max_j S_ij;  l = sum_j exp(S_ij - m);  P_ij = exp(S_ij - m) / l, and P^drop_ij = P_ij Z_ij / (1-p).
 // L_i = m + log l. A row with no visible key: P = 0, L = -inf.
 __global__ void softmax_rows(fa::Problem p, const float* S, float* P, float* Pd, float* lse) {
   __shared__ float red[kWarps];
@@ -148,18 +147,16 @@ __global__ void softmax_rows(fa::Problem p, const float* S, float* P, float* Pd,
   float l = 0.f;
   for (int j = threadIdx.x; j < ri.visible; j += kRowThreads) l += expf(s[j] - m);
   l = block_reduce(l, red, Sum());
-  const uint32_t threshold = fa::dropout_threshold(p.dropout_p);
-  const float keep_scale = 1.f / (1.f - p.dropout_p);
   for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads) {
     const float pij = j < ri.visible ? expf(s[j] - m) / l : 0.f;
     P[r * p.kv_len + j] = pij;
-    if (Pd) Pd[r * p.kv_len + j] = pij * dropout_factor(p, ri, j, threshold, keep_scale);
+    if (Pd) Pd[r * p.kv_len + j] = pij * p.dropout_scale(ri.b, ri.h, ri.i, j);
   }
   if (threadIdx.x == 0) lse[r] = ri.visible > 0 ? m + logf(l) : -INFINITY;
 }
 
 // softmax_backward_rows: one block per row, dP overwritten in place by dS.
-// dP_ij <- dP~_ij Z_ij / (1-p);  D_i = sum_j P_ij dP_ij;  dS_ij = P_ij (dP_ij - D_i).
+// dP_ij <- dP^drop_ij Z_ij / (1-p);  D_i = sum_j P_ij dP_ij;  dS_ij = P_ij (dP_ij - D_i).
 // (D_i = rowsum(dO_i o O_i) too, as the README shows; here P and dP are at hand, so sum them.)
 __global__ void softmax_backward_rows(fa::Problem p, const float* P, float* dP) {
   __shared__ float red[kWarps];
@@ -167,20 +164,17 @@ __global__ void softmax_backward_rows(fa::Problem p, const float* P, float* dP) 
   const RowInfo ri = row_info(p, r);
   const float* pr = P + r * p.kv_len;
   float* dpr = dP + r * p.kv_len;
-  const uint32_t threshold = fa::dropout_threshold(p.dropout_p);
-  const float keep_scale = 1.f / (1.f - p.dropout_p);
-  float D = 0.f;
+  float D_i = 0.f;
+  for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads) D_i += pr[j] * dpr[j] * p.dropout_scale(ri.b, ri.h, ri.i, j);
+  D_i = block_reduce(D_i, red, Sum());
   for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads)
-    D += pr[j] * dpr[j] * dropout_factor(p, ri, j, threshold, keep_scale);
-  D = block_reduce(D, red, Sum());
-  for (int j = threadIdx.x; j < p.kv_len; j += kRowThreads)
-    dpr[j] = pr[j] * (dpr[j] * dropout_factor(p, ri, j, threshold, keep_scale) - D);
+    dpr[j] = pr[j] * (dpr[j] * p.dropout_scale(ri.b, ri.h, ri.i, j) - D_i);
 }
 
 }  // namespace
 
 size_t workspace_bytes(const fa::Problem& p, bool backward) {
-  const size_t matrices = 2 + (p.dropout_p > 0.f) + (backward ? 1 : 0);  // S, P, [P~], [dP]
+  const size_t matrices = 2 + (p.dropout_p > 0.f) + (backward ? 1 : 0);  // S, P, [P^drop], [dP]
   return matrices * p.s_elems() * sizeof(float);
 }
 
@@ -188,7 +182,7 @@ Workspace::Workspace(const fa::Problem& p, bool backward)
     : S(p.s_elems()), P(p.s_elems()), Pd(p.dropout_p > 0.f ? p.s_elems() : 0), dP(backward ? p.s_elems() : 0) {}
 
 void softmax(const fa::Problem& p, const float* S, float* P, float* Pd, float* lse) {
-  if (p.dropout_p > 0.f && !Pd) throw std::invalid_argument("naive::softmax: dropout needs a P~ buffer");
+  if (p.dropout_p > 0.f && !Pd) throw std::invalid_argument("naive::softmax: dropout needs a P^drop buffer");
   const long long rows = (long long)p.batch * p.heads * p.q_len;
   if (rows > 0x7FFFFFFFLL) throw fa::UsageError("naive: batch * heads * q_len must be < 2^31");
   softmax_rows<<<unsigned(rows), kRowThreads>>>(p, S, P, p.dropout_p > 0.f ? Pd : nullptr, lse);
@@ -201,9 +195,9 @@ void forward(const fa::Problem& p, const float* q, const float* k, const float* 
   const long long sq = (long long)Nq * d, sk = (long long)Nk * d, ss = (long long)Nq * Nk;
   // 1. S = scale * Q K^T   (M = Nq, N = Nk, K = d; K^T read as a transposed K)
   gemm<false, true>({Nq, Nk, d, p.softmax_scale(), q, d, sq, 1, k, d, sk, G, ws.S.get(), ss}, BH);
-  // 2. P = softmax(mask(S)), P~ = dropout(P), L
+  // 2. P = softmax(mask(S)), P^drop = dropout(P), L
   softmax(p, ws.S.get(), ws.P.get(), ws.Pd.get(), lse);
-  // 3. O = P~ V            (M = Nq, N = d, K = Nk)
+  // 3. O = P^drop V            (M = Nq, N = d, K = Nk)
   const float* Pd = p.dropout_p > 0.f ? ws.Pd.get() : ws.P.get();
   gemm<false, false>({Nq, d, Nk, 1.f, Pd, Nk, ss, 1, v, d, sk, G, o, sq}, BH);
 }
@@ -216,9 +210,9 @@ void backward(const fa::Problem& p, const float* q, const float* k, const float*
   const long long sq = (long long)Nq * d, sk = (long long)Nk * d, ss = (long long)Nq * Nk;
   const float scale = p.softmax_scale();
   const float* Pd = p.dropout_p > 0.f ? ws.Pd.get() : ws.P.get();
-  // dV = P~^T dO, summed over the group: inner dimension G*Nq (M = Nk, N = d)
+  // dV = P^drop^T dO, summed over the group: inner dimension G*Nq (M = Nk, N = d)
   gemm<true, false>({Nk, d, G * Nq, 1.f, Pd, Nk, G * ss, 1, dout, d, G * sq, 1, dv, sk}, BHkv);
-  // dP~ = dO V^T (M = Nq, N = Nk, K = d)
+  // dP^drop = dO V^T (M = Nq, N = Nk, K = d)
   gemm<false, true>({Nq, Nk, d, 1.f, dout, d, sq, 1, v, d, sk, G, ws.dP.get(), ss}, BH);
   // dS = P o (dP - D), in place
   softmax_backward_rows<<<unsigned((long long)BH * Nq), kRowThreads>>>(p, ws.P.get(), ws.dP.get());

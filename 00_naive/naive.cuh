@@ -9,7 +9,7 @@
 namespace naive {
 
 // The N x N matrices standard attention keeps in device memory (each [B, H, Nq, Nk], fp32):
-//   forward:  S, P, and P~ = dropout(P) when dropout is on (P itself is kept for the backward)
+//   forward:  S, P, and P^drop = dropout(P) when dropout is on (P itself is kept for the backward)
 //   backward: dP, overwritten in place by dS
 size_t workspace_bytes(const fa::Problem& p, bool backward);
 
@@ -18,11 +18,11 @@ struct Workspace {
   Workspace(const fa::Problem& p, bool backward);
 };
 
-// O [B,H,Nq,d] and LSE [B,H,Nq]; leaves P (and P~) in ws for backward().
+// O [B,H,Nq,d] and LSE [B,H,Nq]; leaves P (and P^drop) in ws for backward().
 void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
              Workspace& ws);
 
-// dQ, dK, dV from the P (and P~) that forward() left in ws (seed Algorithm 3).
+// dQ, dK, dV from the P (and P^drop) that forward() left in ws (Algorithm 3 of the FA1 paper).
 void backward(const fa::Problem& p, const float* q, const float* k, const float* v, const float* dout,
               Workspace& ws, float* dq, float* dk, float* dv);
 

@@ -1,5 +1,5 @@
 // Chapter 01 model: the three softmax recurrences and the fused attention row in plain C++ (float,
-// like the kernels). Line numbers refer to the pseudo-code in README.md (Algorithms 1-4).
+// like the kernels). Line numbers refer to the pseudo-code in README.md (Listings 1-4).
 // Tested against the fp64 reference on the CPU (test_model.cpp).
 #pragma once
 #include <cmath>
@@ -9,7 +9,7 @@
 
 namespace online_softmax_model {
 
-// Algorithm 1: safe softmax, three passes over the row.
+// Listing 1: safe softmax, three passes over the row.
 inline void softmax_3pass(const float* x, float* y, int n) {
   float m = -INFINITY;
   for (int j = 0; j < n; ++j) m = std::fmax(m, x[j]);     // line 1
@@ -24,14 +24,14 @@ struct MaxSum {
   float m = -INFINITY, l = 0.f;
 };
 
-// Algorithm 2, lines 2-3: absorb one element. (m - m_new is 0 or negative: no overflow.)
+// Listing 2, lines 2-3: absorb one element. (m - m_new is 0 or negative: no overflow.)
 inline MaxSum update(MaxSum s, float x) {
   const float m_new = std::fmax(s.m, x);
   if (m_new == -INFINITY) return s;  // only -inf seen so far
   return {m_new, s.l * std::exp(s.m - m_new) + std::exp(x - m_new)};
 }
 
-// Algorithm 3: the merge operator. (m_a, l_a) (+) (m_b, l_b) = (m, l_a e^{m_a-m} + l_b e^{m_b-m}),
+// Listing 3: the merge operator. (m_a, l_a) (+) (m_b, l_b) = (m, l_a e^{m_a-m} + l_b e^{m_b-m}),
 // m = max(m_a, m_b). Commutative exactly (max and + are), associative up to rounding.
 inline MaxSum merge(MaxSum a, MaxSum b) {
   const float m = std::fmax(a.m, b.m);
@@ -39,14 +39,14 @@ inline MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.l * std::exp(a.m - m) + b.l * std::exp(b.m - m)};
 }
 
-// Algorithm 2: one pass for (m, l), one pass to write the outputs.
+// Listing 2: one pass for (m, l), one pass to write the outputs.
 inline void softmax_online_2pass(const float* x, float* y, int n) {
   MaxSum s;
   for (int j = 0; j < n; ++j) s = update(s, x[j]);               // lines 1-3
   for (int j = 0; j < n; ++j) y[j] = std::exp(x[j] - s.m) / s.l;  // line 5
 }
 
-// Algorithm 3: the row cut at `splits` (increasing, inside (0, n)), each piece's (m, l) by the
+// Listing 3: the row cut at `splits` (increasing, inside (0, n)), each piece's (m, l) by the
 // recurrence, the pieces merged left to right; then the output pass.
 inline MaxSum max_sum_of_pieces(const float* x, int n, const std::vector<int>& splits) {
   MaxSum total;
@@ -65,7 +65,7 @@ inline void softmax_online_merge(const float* x, float* y, int n, const std::vec
   for (int j = 0; j < n; ++j) y[j] = std::exp(x[j] - s.m) / s.l;
 }
 
-// Algorithm 4: one query row of attention in one pass over the keys, S never stored.
+// Listing 4: one query row of attention in one pass over the keys, S never stored.
 enum class Form { Fa1, Fa2 };
 inline void attention_row(const fa::Problem& p, Form form, const float* q, const float* K, const float* V,
                           int visible, float* o, float* lse) {
@@ -75,7 +75,7 @@ inline void attention_row(const fa::Problem& p, Form form, const float* q, const
   for (int j = 0; j < visible; ++j) {
     float x = 0.f;
     for (int c = 0; c < d; ++c) x += q[c] * K[size_t(j) * d + c];
-    x *= p.softmax_scale();                                  // line 2: x_j = tau q . k_j
+    x *= p.softmax_scale();                                  // line 2: x_j = scale q . k_j
     const float m_new = std::fmax(m, x);                     // line 3
     const float alpha = std::exp(m - m_new), pj = std::exp(x - m_new);
     const float l_new = l * alpha + pj;                      // line 4

@@ -1,15 +1,15 @@
 // Chapter 01: softmax from three passes to two (the online recurrence), the (m, l) merge operator,
-// and attention fused into one pass per query row. fp32. Pseudo-code: README.md, Algorithms 1-4.
+// and attention fused into one pass per query row. fp32. Pseudo-code: README.md, Listings 1-4.
 //
 // Kernels 1-3 (softmax_rows<kVariant, kVec4>): one block per row of x [rows, cols]; the row is strided
 // over the block's threads, float4 at a time when cols % 4 == 0 and x, y are 16-byte aligned (kVec4),
 // else one float at a time. The block has 128..1024 threads (about 16 elements each, see
 // threads_for), so that the rows in flight on the GPU fit in L2 and the second read of a row hits it.
 // Shared memory: 32 (m, l) pairs = 256 B.
-//   kernel 1, Variant::ThreePass   Algorithm 1: max, sum of exp, normalise  (x read 3 times)
-//   kernel 2, Variant::Online      Algorithm 2: each thread runs the recurrence on its elements; the
+//   kernel 1, Variant::ThreePass   Listing 1: max, sum of exp, normalise  (x read 3 times)
+//   kernel 2, Variant::Online      Listing 2: each thread runs the recurrence on its elements; the
 //                                  block reduces max_t m_t, then sum_t l_t e^{m_t - m}   (x read twice)
-//   kernel 3, Variant::Merge       Algorithm 3: the same per-thread recurrence, then ONE reduction of
+//   kernel 3, Variant::Merge       Listing 3: the same per-thread recurrence, then ONE reduction of
 //                                  the (m, l) pairs with the merge operator: warp shuffles, then
 //                                  shared memory across warps                            (x read twice)
 // Kernel 4 (attention_rows<kSlots, kForm>): see its own comment below.
@@ -112,7 +112,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
   float m, l;
   if constexpr (kVariant == Variant::ThreePass) {
     __shared__ float red[kMaxWarps];
-    // Algorithm 1, line 1: m = max_j x_j
+    // Listing 1, line 1: m = max_j x_j
     float t = -INFINITY;
     for_my_chunks<kVec4>(row, n_chunks, [&](const Chunk<kVec4>& ch, int) {
       for (int e = 0; e < W; ++e) t = fmaxf(t, ch.v[e]);
@@ -125,7 +125,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
     });
     l = block_reduce(t, red, [](float a, float b) { return a + b; });
   } else {
-    // Algorithm 2, lines 1-3, on this thread's elements: the online recurrence, one chunk at a
+    // Listing 2, lines 1-3, on this thread's elements: the online recurrence, one chunk at a
     // time (the rescale e^{m - m_new} once per chunk, the exp of each element once).
     MaxSum s{-INFINITY, 0.f};
     for_my_chunks<kVec4>(row, n_chunks, [&](const Chunk<kVec4>& ch, int) {
@@ -143,7 +143,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
       m = block_reduce(s.m, red, [](float a, float b) { return fmaxf(a, b); });
       l = block_reduce(s.m == -INFINITY ? 0.f : s.l * expf(s.m - m), red, [](float a, float b) { return a + b; });
     } else {
-      // Kernel 3: one reduction with the merge operator (Algorithm 3).
+      // Kernel 3: one reduction with the merge operator (Listing 3).
       __shared__ MaxSum red_pairs[kMaxWarps];
       const MaxSum r = block_merge(s, red_pairs);
       m = r.m, l = r.l;
@@ -183,12 +183,12 @@ void launch_softmax(const float* x, float* y, int rows, int cols) {
 }
 
 // ---- kernel 4: fused attention, one warp per query row -------------------------------------------
-// O_i and L_i for query row i of head (b, h), S never stored (Algorithm 4). Grid: one block of
+// O_i and L_i for query row i of head (b, h), S never stored (Listing 4). Grid: one block of
 // kRowsPerBlock warps per kRowsPerBlock consecutive query rows of one head (blocks never straddle
 // heads); warp w owns row i. Lane t holds q_i[c] and the accumulator o_i[c] for c = t + 32 s,
 // s < kSlots: registers need a compile-time size, so the kernel is instantiated for kSlots = 1, 2, 4, 8
 // (head_dim <= 32, 64, 128, 256) and loads/stores are predicated on c < d. Per key j: each lane
-// multiplies its slice of k_j, a warp shuffle reduction gives x_j = tau q_i . k_j to every lane, and
+// multiplies its slice of k_j, a warp shuffle reduction gives x_j = scale q_i . k_j to every lane, and
 // every lane updates (m, l) (warp-uniform) and its slice of o_i. kKeysPerStep keys are reduced
 // together so their shuffles overlap; the recurrence still absorbs them one at a time (line 3-5).
 // No shared memory, no barriers: a warp whose row is past Nq simply returns. Each warp reads all the
@@ -198,29 +198,20 @@ constexpr int kRowsPerBlock = 4;
 constexpr int kKeysPerStep = 4;
 constexpr int kMaxHeadDim = 256;
 
-// What a kernel needs of fa::Problem (whose member functions are host code), with tau computed once.
-struct Geometry {
-  int heads, group, q_len, kv_len, d, kv_heads;
-  bool causal;
-  float tau;
-};
-
 template <int kSlots, Form kForm>
-__global__ void attention_rows(Geometry g, int row_blocks, const float* __restrict__ q,
+__global__ void attention_rows(fa::Problem p, int row_blocks, const float* __restrict__ q,
                                const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ o,
                                float* __restrict__ lse) {
   const int lane = threadIdx.x % kWarp;
   const int bh = blockIdx.x / row_blocks;  // b * H + h
   const int i = (blockIdx.x % row_blocks) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (i >= g.q_len) return;
-  const int b = bh / g.heads, h = bh % g.heads, d = g.d;
-  const size_t kv_head = size_t(b) * g.kv_heads + h / g.group;  // GQA: query head h reads kv head h / G
-  const float* Q = q + (size_t(bh) * g.q_len + i) * d;
-  const float* K = k + kv_head * g.kv_len * d;
-  const float* V = v + kv_head * g.kv_len * d;
-  // causal, bottom-right aligned: query i sees keys j <= i + Nk - Nq. Warp-uniform.
-  const int n = g.causal ? min(max(i + g.kv_len - g.q_len + 1, 0), g.kv_len) : g.kv_len;
-  const float tau = g.tau;
+  if (i >= p.q_len) return;
+  const int b = bh / p.heads, h = bh % p.heads, d = p.head_dim;
+  const float* Q = q + p.q_offset(b, h) + size_t(i) * d;
+  const float* K = k + p.kv_offset(b, p.kv_head_of(h));  // GQA: query head h reads kv head h / G
+  const float* V = v + p.kv_offset(b, p.kv_head_of(h));
+  const int n = p.visible_keys(i);  // causal, bottom-right aligned; warp-uniform
+  const float scale = p.softmax_scale();
 
   float qr[kSlots], acc[kSlots];
 #pragma unroll
@@ -252,7 +243,7 @@ __global__ void attention_rows(Geometry g, int row_blocks, const float* __restri
     for (int u = 0; u < kKeysPerStep; ++u) {
       const int j = j0 + u;
       if (j >= n) break;  // warp-uniform
-      const float xj = tau * x[u];
+      const float xj = scale * x[u];
       const float m_new = fmaxf(m, xj);                                // line 3
       const float alpha = expf(m - m_new), pj = expf(xj - m_new);      // exp(-inf) = 0 at j = 0
       const float l_new = l * alpha + pj;                               // line 4
@@ -275,13 +266,13 @@ __global__ void attention_rows(Geometry g, int row_blocks, const float* __restri
   }
   // line 7: the FA2 form divides once; an empty row (n = 0) keeps acc = 0.
   const float final_scale = (kForm == Form::Fa2DeferredNormalisation && n > 0) ? 1.f / l : 1.f;
-  float* O = o + (size_t(bh) * g.q_len + i) * d;
+  float* O = o + p.q_offset(b, h) + size_t(i) * d;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int c = lane + kWarp * s;
     if (c < d) O[c] = acc[s] * final_scale;
   }
-  if (lane == 0) lse[size_t(bh) * g.q_len + i] = n > 0 ? m + logf(l) : -INFINITY;  // line 8
+  if (lane == 0) lse[p.lse_offset(b, h) + i] = n > 0 ? m + logf(l) : -INFINITY;  // line 8
 }
 
 template <int kSlots>
@@ -291,12 +282,11 @@ void launch_attention(const fa::Problem& p, Form form, const float* q, const flo
   const int row_blocks = (p.q_len + kRowsPerBlock - 1) / kRowsPerBlock;
   const long long blocks = (long long)p.batch * p.heads * row_blocks;
   if (blocks > 0x7FFFFFFFLL) throw fa::UsageError("attention_fused: batch * heads * ceil(q_len / 4) must be < 2^31");
-  const Geometry g{p.heads, p.group(), p.q_len, p.kv_len, p.head_dim, p.kv_heads, p.causal, p.softmax_scale()};
   const dim3 grid{unsigned(blocks)}, block{unsigned(kRowsPerBlock * kWarp)};
   if (form == Form::Fa1NormalisedEachStep)
-    attention_rows<kSlots, Form::Fa1NormalisedEachStep><<<grid, block>>>(g, row_blocks, q, k, v, o, lse);
+    attention_rows<kSlots, Form::Fa1NormalisedEachStep><<<grid, block>>>(p, row_blocks, q, k, v, o, lse);
   else
-    attention_rows<kSlots, Form::Fa2DeferredNormalisation><<<grid, block>>>(g, row_blocks, q, k, v, o, lse);
+    attention_rows<kSlots, Form::Fa2DeferredNormalisation><<<grid, block>>>(p, row_blocks, q, k, v, o, lse);
   CHECK_LAUNCH();
 }
 

@@ -174,3 +174,52 @@ TEST_CASE("01 model fused attention: logits far past exp's fp32 range and a cust
     for (size_t i = 0; i < lse.size(); ++i) CHECK(lse[i] == doctest::Approx(rl[i]).epsilon(1e-5));
   }
 }
+
+// README §4's worked example: one query row, d = 1, scale 1, q = 1, keys k = (1, 2, 4, 0) so the scores are
+// x = (1, 2, 4, 0), values v = (1, 2, 3, 4), in two blocks of two keys. The numbers printed there, checked.
+TEST_CASE("01 worked example: m, l, o~ and o after each block of two keys") {
+  Problem p;
+  p.q_len = 1, p.kv_len = 4, p.head_dim = 1, p.scale = 1.f;
+  const float q[1] = {1.f}, k[4] = {1.f, 2.f, 4.f, 0.f}, v[4] = {1.f, 2.f, 3.f, 4.f};
+  struct After {
+    int keys;
+    float m, l, o_tilde, o, L;
+  };
+  const After rows[] = {{2, 2.f, 1.367879f, 2.367879f, 1.731059f, 2.313262f},
+                        {4, 4.f, 1.203438f, 3.393720f, 2.820021f, 4.185182f}};
+  for (const After& a : rows) {
+    INFO("after the first ", a.keys, " keys");
+    // (m, l) of the keys seen so far, as the block-wise recurrence gives them: the merge of the blocks.
+    const float x[4] = {1.f, 2.f, 4.f, 0.f};
+    const om::MaxSum s = om::max_sum_of_pieces(x, a.keys, a.keys > 2 ? std::vector<int>{2} : std::vector<int>{});
+    CHECK(s.m == a.m);
+    CHECK(s.l == doctest::Approx(a.l).epsilon(1e-6));
+    for (om::Form form : {om::Form::Fa1, om::Form::Fa2}) {
+      float o = 0.f, L = 0.f;
+      om::attention_row(p, form, q, k, v, a.keys, &o, &L);
+      CHECK(o == doctest::Approx(a.o).epsilon(1e-6));
+      CHECK(o * s.l == doctest::Approx(a.o_tilde).epsilon(1e-6));  // o~ = l o: the FA2 accumulator
+      CHECK(L == doctest::Approx(a.L).epsilon(1e-6));
+    }
+  }
+}
+
+// SOLUTIONS.md, exercise 2: in Listing 2, m changes at every left-to-right maximum of the row. For a row of
+// i.i.d. values the k-th element is a new maximum with probability 1/k, so the expected count is the
+// harmonic number H_N = 1 + 1/2 + ... + 1/N ~ ln N + 0.577: 7.49 for N = 1000.
+TEST_CASE("01 exercise 2: the running max of Listing 2 changes about H_N times per row") {
+  const int N = 1000, rows = 4000;
+  const std::vector<float> x = random_normal<float>(size_t(N) * rows, 17);
+  double changes = 0;
+  for (int r = 0; r < rows; ++r) {
+    om::MaxSum s{-INFINITY, 0.f};
+    for (int j = 0; j < N; ++j) {
+      const float before = s.m;
+      s = om::update(s, x[size_t(r) * N + j]);
+      changes += s.m != before;
+    }
+  }
+  double H = 0;
+  for (int k = 1; k <= N; ++k) H += 1.0 / k;
+  CHECK(changes / rows == doctest::Approx(H).epsilon(0.05));  // 4000 rows: standard error ~ 0.6 %
+}

@@ -1,4 +1,4 @@
-// Chapter 02 host API: the FlashAttention-1 forward pass (seed Algorithm 2), fp32.
+// Chapter 02 host API: the FlashAttention-1 forward pass (FA1's Algorithm 2), fp32.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 namespace fa1 {
 
-// Br, Bc from the on-chip memory M (bytes of shared memory a block may use), seed Algorithm 2 line 1:
+// Br, Bc from the on-chip memory M (bytes of shared memory a block may use), Algorithm 2 line 1:
 // Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d), then clamped to what the kernel supports.
 struct BlockSizes {
   int Br, Bc;
@@ -25,7 +25,6 @@ struct RngState {
 RngState forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* l,
                  float* m, float* lse);
 
-// Added by chapter 02 (the lead's signatures above are unchanged):
 // The same with explicit block sizes, 1 <= Br <= max_br(d), 1 <= Bc <= max_bc(): what forward()
 // runs with block_sizes(d, device_sram_bytes()). Tests and the program's --sram-kb use it to run
 // the tiling a device with less shared memory would get.

@@ -1,4 +1,4 @@
-// Chapter 02 model: FlashAttention-1 forward (seed Algorithm 2) in plain C++ (float, like the kernel),
+// Chapter 02 model: FlashAttention-1 forward (FA1's Algorithm 2) in plain C++ (float, like the kernel),
 // loop for loop, with the pseudo-code line numbers of README.md §3 in the comments. "HBM" is the
 // caller's o, l, m arrays; "SRAM" is the local tiles. Tested against the fp64 reference on the CPU
 // (test_model.cpp). Also here, because the kernel's host code uses them too: the block sizes of
@@ -8,7 +8,6 @@
 #include <cmath>
 #include <vector>
 
-#include "philox.hpp"
 #include "problem.hpp"
 
 namespace fa1_model {
@@ -34,7 +33,7 @@ inline double visited_rows(const fa::Problem& p, int Br, int Bc) {
   for (int j0 = 0; j0 < p.kv_len; j0 += Bc)
     for (int i0 = 0; i0 < p.q_len; i0 += Br) {
       const int r = std::min(Br, p.q_len - i0);
-      if (j0 <= i0 + r - 1 + p.kv_len - p.q_len) rows += r;  // the kernel's skip test, negated
+      if (p.visible_keys(i0 + r - 1) > j0) rows += r;  // the kernel's skip test, negated
     }
   return rows;
 }
@@ -47,34 +46,27 @@ inline double visited_rows(const fa::Problem& p, int Br, int Bc) {
 //   line 16  l_i, m_i per (i, j)                    R 2
 //   LSE      read l, m, write LSE                   3 Nq
 // Leading term 3 Nq d Tc: Tc passes over Q and O, the cost chapter 04 removes. For Nq = Nk = N and
-// the seed's Theta(N d Tc) = Theta(N^2 d^2 / M) (Theorem 2).
+// FA1's Theta(N d Tc) = Theta(N^2 d^2 / M) (its Theorem 2).
 inline double hbm_elements_per_head(const fa::Problem& p, int Br, int Bc) {
   const double Nq = p.q_len, Nk = p.kv_len, d = p.head_dim;
   return (Nq * d + 2 * Nq) + 2 * Nk * d + visited_rows(p, Br, Bc) * (3 * d + 4) + 3 * Nq;
 }
 
-// The seed's formula for the same traffic, 2 N d (2 + 3 Tc) elements per head, with N split into Nk
-// (the K, V term) and Nq (the Tc passes over Q and O): 2 d (2 Nk + 3 Nq Tc). Its bracket is the
-// Nd-sized traffic above without line 3 - K, V once (2) and Q_i, O_i read + O_i written per outer
-// step (3 Tc); its leading 2 has no counterpart in the line-by-line count, which it doubles.
-// The program prints both, as stated; its result row carries the line-by-line count.
+// The closed form often quoted for the same traffic is 2 N d (2 + 3 Tc) BYTES per head at 2 bytes per element
+// (fp16), i.e. N d (2 + 3 Tc) elements: K, V once (2) and, per outer step, Q_i and O_i read and O_i
+// written (3 Tc). With N split into Nk (the K, V term) and Nq (the Tc passes over Q and O) that is
+// d (2 Nk + 3 Nq Tc) elements - the Nd-sized terms of the line-by-line count above without line 3's
+// initialisation (the l, m terms are N-sized and left out of both).
 inline double seed_formula_elements_per_head(const fa::Problem& p, int Bc) {
   const double Nq = p.q_len, Nk = p.kv_len, d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
-  return 2 * d * (2 * Nk + 3 * Nq * Tc);
-}
-
-// Z_ij / (1 - p) for element (i, j) of head (b, h): the same Philox mask as the reference and 00.
-inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
-  if (p.dropout_p == 0.f) return 1.f;
-  const bool keep = fa::dropout_keep(p.seed, p.offset, b, h, i, j, fa::dropout_threshold(p.dropout_p));
-  return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
+  return d * (2 * Nk + 3 * Nq * Tc);
 }
 
 // Algorithm 2 for head (b, h): o [Nq, d], l, m, lse [Nq].
 inline void forward_head(const fa::Problem& p, int b, int h, int Br, int Bc, const float* q, const float* k,
                          const float* v, float* o, float* l, float* m, float* lse) {
   const int Nq = p.q_len, Nk = p.kv_len, d = p.head_dim;
-  const float tau = p.softmax_scale();
+  const float scale = p.softmax_scale();
   const float* Q = q + p.q_offset(b, h);
   const float* K = k + p.kv_offset(b, p.kv_head_of(h));
   const float* V = v + p.kv_offset(b, p.kv_head_of(h));
@@ -102,10 +94,10 @@ inline void forward_head(const fa::Problem& p, int b, int h, int Br, int Bc, con
       for (int r = 0; r < rows; ++r) {
         const int visible = p.visible_keys(i0 + r);
         for (int c = 0; c < cols; ++c) {
-          // line 10: S_ij = tau Q_i K_j^T;  line 11: MASK (causal, bottom-right) -> -inf
+          // line 10: S_ij = scale Q_i K_j^T;  line 11: MASK (causal, bottom-right) -> -inf
           float s = 0;
           for (int x = 0; x < d; ++x) s += Qi[size_t(r) * d + x] * Kj[size_t(c) * d + x];
-          Sij[size_t(r) * Bc + c] = j0 + c < visible ? tau * s : -INFINITY;
+          Sij[size_t(r) * Bc + c] = j0 + c < visible ? scale * s : -INFINITY;
         }
         // line 12: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
         // A row of this block may be fully masked: m~ = -inf and exp(-inf - -inf) = NaN, so a masked
@@ -125,7 +117,7 @@ inline void forward_head(const fa::Problem& p, int b, int h, int Br, int Bc, con
         const float beta = m_tilde[r] == -INFINITY ? 0.f : std::exp(m_tilde[r] - m_new);
         const float l_new = alpha * li[r] + beta * l_tilde[r];
         // line 14: P~_ij dropped = P~_ij o Z_ij / (1 - p)  (l keeps the undropped sum)
-        for (int c = 0; c < cols; ++c) Pij[size_t(r) * Bc + c] *= dropout_factor(p, b, h, i0 + r, j0 + c);
+        for (int c = 0; c < cols; ++c) Pij[size_t(r) * Bc + c] *= p.dropout_scale(b, h, i0 + r, j0 + c);
         // line 15: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
         // to HBM. l_new = 0 only for a row that has seen no key yet: its O_i stays 0.
         for (int x = 0; x < d; ++x) {

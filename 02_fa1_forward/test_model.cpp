@@ -81,5 +81,43 @@ TEST_CASE("02 block sizes (line 2) and the HBM count") {
   CHECK(fa1_model::visited_rows(p, 64, 64) == 136 * 64);
   CHECK(fa1_model::hbm_elements_per_head(p, 64, 64) == N * d + 2 * N + 2 * N * d + 136 * 64 * (3 * d + 4) + 3 * N);
   p.causal = false;
-  CHECK(fa1_model::seed_formula_elements_per_head(p, 64) == 2 * N * d * (2 + 3 * Tc));
+  CHECK(fa1_model::seed_formula_elements_per_head(p, 64) == N * d * (2 + 3 * Tc));
+}
+
+// README §3's worked example (chapter 01's numbers, now as FA1's Algorithm 2 runs them): one query row, d = 1,
+// scale 1, keys k = (1, 2, 4, 0), values v = (1, 2, 3, 4), Bc = 2. After block 1 the state equals the final
+// state of a run over the first two keys; after block 2, of the whole run.
+TEST_CASE("02 worked example: m_i, l_i and the normalised O_i after each K/V block of two keys") {
+  Problem p;
+  p.q_len = 1, p.kv_len = 4, p.head_dim = 1, p.scale = 1.f;
+  const float q[1] = {1.f}, k[4] = {1.f, 2.f, 4.f, 0.f}, v[4] = {1.f, 2.f, 3.f, 4.f};
+  struct After {
+    int keys;
+    float m, l, O;
+  };
+  for (const After& a : {After{2, 2.f, 1.367879f, 1.731059f}, After{4, 4.f, 1.203438f, 2.820021f}}) {
+    INFO("after the first ", a.keys, " keys");
+    p.kv_len = a.keys;
+    float o = 0.f, l = 0.f, m = 0.f, lse = 0.f;
+    fa1_model::forward_head(p, 0, 0, 1, 2, q, k, v, &o, &l, &m, &lse);
+    CHECK(m == a.m);
+    CHECK(l == doctest::Approx(a.l).epsilon(1e-6));
+    CHECK(o == doctest::Approx(a.O).epsilon(1e-6));
+  }
+}
+
+// SOLUTIONS.md, exercise 1: line 2's block sizes for --sram-kb 48 and 24 at d = 64, and the HBM bytes of §4
+// they imply at N = 4096 (one head): Tc grows as Bc shrinks and the leading term 3 N d Tc with it.
+TEST_CASE("02 exercise 1: Bc, Tc and the HBM count for a 48 KiB and a 24 KiB tiling") {
+  const Problem p = make(4096, 4096, 64, false);
+  const auto kb48 = fa1_model::seed_block_sizes(64, 48 * 1024 / 4), kb24 = fa1_model::seed_block_sizes(64, 24 * 1024 / 4);
+  CHECK(kb48.Bc == 48);
+  CHECK(kb48.Br == 48);
+  CHECK(kb24.Bc == 24);
+  CHECK(kb24.Br == 24);
+  CHECK(fa1_model::ceil_div(4096, 48) == 86);
+  CHECK(fa1_model::ceil_div(4096, 24) == 171);
+  const double N = 4096, d = 64;
+  CHECK(fa1_model::hbm_elements_per_head(p, 48, 48) == N * d + 2 * N + 2 * N * d + 86 * N * (3 * d + 4) + 3 * N);
+  CHECK(fa1_model::hbm_elements_per_head(p, 24, 24) == N * d + 2 * N + 2 * N * d + 171 * N * (3 * d + 4) + 3 * N);
 }

@@ -1,4 +1,4 @@
-// Chapter 03 model: the FlashAttention-1 backward pass (seed Algorithm 4) in plain C++ (float, like
+// Chapter 03 model: the FlashAttention-1 backward pass (FA1's Algorithm 4) in plain C++ (float, like
 // the kernel), loop for loop, with the pseudo-code line numbers of README.md §3 in the comments.
 // "HBM" is the caller's arrays; "SRAM" is the local tiles. It visits the tiles in the kernel's order
 // (kv group, then j, then the group's query heads, then i) and skips the same causal tiles. Tested
@@ -10,7 +10,6 @@
 #include <cmath>
 #include <vector>
 
-#include "philox.hpp"
 #include "problem.hpp"
 
 namespace fa1_bwd_model {
@@ -18,27 +17,17 @@ namespace fa1_bwd_model {
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // First row of the Q tile (of Br rows) that holds the first query row seeing any key of the K/V tile
-// starting at j0 (bottom-right causal mask: row i sees key j iff j <= i + Nk - Nq). Earlier tiles are
-// masked entirely, so the inner loop starts here. 0 without the mask.
-inline int first_q_tile_row(const fa::Problem& p, int Br, int j0) {
-  return p.causal ? std::max(0, j0 + p.q_len - p.kv_len) / Br * Br : 0;
-}
-
-// Z_ij / (1 - p) for element (i, j) of head (b, h), from the RNG state R = (p.seed, p.offset) the
-// forward used: the same Philox mask as 02 and the reference.
-inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
-  if (p.dropout_p == 0.f) return 1.f;
-  const bool keep = fa::dropout_keep(p.seed, p.offset, b, h, i, j, fa::dropout_threshold(p.dropout_p));
-  return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
-}
+// starting at j0 (Problem::first_query_seeing). Earlier tiles are masked entirely, so the inner loop
+// starts here. 0 without the mask.
+inline int first_q_tile_row(const fa::Problem& p, int Br, int j0) { return p.first_query_seeing(j0) / Br * Br; }
 
 // The forward's outputs the backward consumes, row by row (not tiled: chapter 02 tests its own
-// tiling): m_i = max_j S_ij and l_i = sum_j exp(S_ij - m_i) over the visible keys, O = P~ V.
+// tiling): m_i = max_j S_ij and l_i = sum_j exp(S_ij - m_i) over the visible keys, O = P^drop V.
 // An empty causal row has l = 0, m = -inf, O = 0, as 02's forward leaves it.
 inline void forward(const fa::Problem& p, const float* q, const float* k, const float* v, std::vector<float>& o,
                     std::vector<float>& l, std::vector<float>& m) {
   const int Nq = p.q_len, d = p.head_dim;
-  const float tau = p.softmax_scale();
+  const float scale = p.softmax_scale();
   o.assign(p.q_elems(), 0.f), l.assign(p.lse_elems(), 0.f), m.assign(p.lse_elems(), -INFINITY);
   std::vector<float> S(p.kv_len);
   for (int b = 0; b < p.batch; ++b)
@@ -53,13 +42,13 @@ inline void forward(const fa::Problem& p, const float* q, const float* k, const 
         for (int j = 0; j < n; ++j) {
           float s = 0;
           for (int x = 0; x < d; ++x) s += Q[size_t(i) * d + x] * K[size_t(j) * d + x];
-          S[j] = tau * s;
+          S[j] = scale * s;
           mi = std::fmax(mi, S[j]);
         }
         for (int j = 0; j < n; ++j) li += std::exp(S[j] - mi);
         float* Oi = &o[p.q_offset(b, h) + size_t(i) * d];
         for (int j = 0; j < n; ++j) {
-          const float Pd = std::exp(S[j] - mi) / li * dropout_factor(p, b, h, i, j);
+          const float Pd = std::exp(S[j] - mi) / li * p.dropout_scale(b, h, i, j);
           for (int x = 0; x < d; ++x) Oi[x] += Pd * V[size_t(j) * d + x];
         }
       }
@@ -72,7 +61,7 @@ inline void backward_group(const fa::Problem& p, int Br, int Bc, int b, int hk, 
                            const float* v, const float* o, const float* l, const float* m, const float* dout,
                            float* dq, float* dk, float* dv) {
   const int Nq = p.q_len, Nk = p.kv_len, d = p.head_dim, G = p.group();
-  const float tau = p.softmax_scale();
+  const float scale = p.softmax_scale();
   const float* K = k + p.kv_offset(b, hk);
   const float* V = v + p.kv_offset(b, hk);
   // line 1: the RNG state R is (p.seed, p.offset).  Lines 2-4: Tr blocks of Br rows, Tc blocks of Bc rows.
@@ -102,49 +91,49 @@ inline void backward_group(const fa::Problem& p, int Br, int Bc, int b, int hk, 
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           const int visible = p.visible_keys(i);
-          // line 19: D_i = rowsum(dO_i o O_i) (recomputed for every j, as in the seed)
+          // line 19: D_i = rowsum(dO_i o O_i) (recomputed for every j, as FA1's Algorithm 4 does)
           float D = 0;
           for (int x = 0; x < d; ++x) D += dO[size_t(i) * d + x] * O[size_t(i) * d + x];
           for (int c = 0; c < cols; ++c) {
             const int j = j0 + c;
             float P = 0, Z = 0, dPd = 0;
             if (j < visible) {  // line 12: masked entries have P = 0
-              // line 11: S_ij = tau Q_i K_j^T
+              // line 11: S_ij = scale Q_i K_j^T
               float s = 0;
               for (int x = 0; x < d; ++x) s += Q[size_t(i) * d + x] * Kj[size_t(c) * d + x];
               // line 13: P_ij = diag(l_i)^-1 exp(S_ij - m_i). A visible entry has l_i >= 1 and a
               // finite m_i; an empty row (l = 0, m = -inf) never gets here: no 0/0, no inf - inf.
-              P = std::exp(tau * s - mh[i]) / lh[i];
+              P = std::exp(scale * s - mh[i]) / lh[i];
               // line 14: Z_ij regenerated from R: the forward's mask
-              Z = dropout_factor(p, b, h, i, j);
-              // line 17: dP~_ij = dO_i V_j^T
+              Z = p.dropout_scale(b, h, i, j);
+              // line 17: dP^drop_ij = dO_i V_j^T
               for (int x = 0; x < d; ++x) dPd += dO[size_t(i) * d + x] * Vj[size_t(c) * d + x];
             }
-            // line 15: P~_ij = P_ij o Z_ij;  line 18: dP_ij = dP~_ij o Z_ij;  line 20: dS_ij = P_ij o (dP_ij - D_i)
+            // line 15: P^drop_ij = P_ij o Z_ij;  line 18: dP_ij = dP^drop_ij o Z_ij;  line 20: dS_ij = P_ij o (dP_ij - D_i)
             Pdij[size_t(r) * Bc + c] = P * Z;
             dSij[size_t(r) * Bc + c] = P * (dPd * Z - D);
           }
         }
-        // line 16: dV~_j += P~_ij^T dO_i;  line 22: dK~_j += dS_ij^T Q_i (tau applied once, at line 24)
+        // line 16: dV~_j += P^drop_ij^T dO_i;  line 22: dK~_j += dS_ij^T Q_i (scale applied once, at line 24)
         for (int c = 0; c < cols; ++c)
           for (int x = 0; x < d; ++x)
             for (int r = 0; r < rows; ++r) {
               dVj[size_t(c) * d + x] += Pdij[size_t(r) * Bc + c] * dO[size_t(i0 + r) * d + x];
               dKj[size_t(c) * d + x] += dSij[size_t(r) * Bc + c] * Q[size_t(i0 + r) * d + x];
             }
-        // line 21: dQ_i <- dQ_i + tau dS_ij K_j, written to HBM
+        // line 21: dQ_i <- dQ_i + scale dS_ij K_j, written to HBM
         for (int r = 0; r < rows; ++r)
           for (int x = 0; x < d; ++x) {
             float acc = 0;
             for (int c = 0; c < cols; ++c) acc += dSij[size_t(r) * Bc + c] * Kj[size_t(c) * d + x];
-            dQ[size_t(i0 + r) * d + x] += tau * acc;
+            dQ[size_t(i0 + r) * d + x] += scale * acc;
           }
       }
     }
-    // line 24: dK_j = tau dK~_j, dV_j = dV~_j to HBM
+    // line 24: dK_j = scale dK~_j, dV_j = dV~_j to HBM
     for (int c = 0; c < cols; ++c)
       for (int x = 0; x < d; ++x) {
-        dk[p.kv_offset(b, hk) + size_t(j0 + c) * d + x] = tau * dKj[size_t(c) * d + x];
+        dk[p.kv_offset(b, hk) + size_t(j0 + c) * d + x] = scale * dKj[size_t(c) * d + x];
         dv[p.kv_offset(b, hk) + size_t(j0 + c) * d + x] = dVj[size_t(c) * d + x];
       }
   }
@@ -173,11 +162,12 @@ inline double hbm_bytes(const fa::Problem& p, int Br, int Bc) {
   return 4.0 * (double(p.batch) * p.kv_heads * per_kv_head + double(p.batch) * p.heads * per_head);
 }
 
-// The seed's formula 2 N d (4 + 5 Tc) elements per head, as 2 d (4 Nk + 5 Nq Tc), in bytes: printed next to
-// the count above for comparison (README section 4 says how the two differ).
+// The closed form often quoted, 2 N d (4 + 5 Tc), is in BYTES at 2 bytes per element (fp16): N d (4 + 5 Tc) elements
+// per head, as d (4 Nk + 5 Nq Tc). Here in fp32 bytes, printed next to the count above for comparison
+// (README section 4 says how the two differ).
 inline double seed_formula_bytes(const fa::Problem& p, int Bc) {
   const double d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
-  return 4.0 * p.batch * p.heads * 2 * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
+  return 4.0 * p.batch * p.heads * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
 }
 
 }  // namespace fa1_bwd_model

@@ -1,4 +1,4 @@
-// Chapter 04 host API: the FlashAttention-2 forward and backward passes (seed FA2 Algorithms 1 and 2), fp32 on
+// Chapter 04 host API: the FlashAttention-2 forward and backward passes (FA2's Algorithms 1 and 2), fp32 on
 // CUDA cores. Chapter 05 keeps this API and moves the matrix products to tensor cores (fp16/bf16).
 //
 // Layout and semantics are common/problem.hpp's: Q, O, dO, dQ [B,H,Nq,d]; K, V, dK, dV [B,Hkv,Nk,d]; LSE [B,H,Nq]
@@ -25,22 +25,18 @@ Tiles backward_tiles();  // main backward kernel (grid over K/V blocks); the det
 void check_supported(const fa::Problem& p);
 
 // Forward: writes O and L = m + log l only (no l, m, no N x N buffer). Grid over (Q block, head, batch).
+// The last step of the ladder below.
 void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse);
 
-// The forward as a ladder of steps, each a complete kernel with the signature of forward(), in ladder
-// order; the last is the fastest and is forward() itself. The program's --kernel selects among them.
+// The forward as a ladder of complete kernels, one file each (fwd_v1_*.cu .. fwd_v4_*.cu), each adding one
+// idea to the previous one. Every step has forward()'s contract (same inputs, outputs, checks and errors).
 using ForwardFn = void (*)(const fa::Problem&, const float* q, const float* k, const float* v, float* o, float* lse);
 struct ForwardStep {
-  const char* name;
-  const char* idea;
+  const char* name;  // e.g. "v1_loop_swap": the program's --kernel NAME
+  const char* idea;  // the one idea this step adds, in a line
   ForwardFn run;
 };
-inline const std::vector<ForwardStep>& forward_steps() {
-  static const std::vector<ForwardStep> steps = {
-      {"fa2", "Q-block grid, deferred normalisation, LSE only, register micro-tiles", &forward},
-  };
-  return steps;
-}
+const std::vector<ForwardStep>& forward_steps();  // in ladder order; the last is the fastest, = fa2::forward
 
 // How dQ is accumulated in the backward pass.
 enum class DqMode {

@@ -6,24 +6,16 @@
 #include <cmath>
 #include <vector>
 
-#include "philox.hpp"
 #include "problem.hpp"
 
 namespace fa2_model {
 
 constexpr int Br = 64, Bc = 64;  // the kernels' tile sizes (fa2::forward_tiles())
 
-inline float dropout_factor(const fa::Problem& p, int b, int h, int i, int j) {
-  if (p.dropout_p == 0.f) return 1.f;
-  const bool keep = fa::dropout_keep(p.seed, p.offset, b, h, i, j, fa::dropout_threshold(p.dropout_p));
-  return keep ? 1.f / (1.f - p.dropout_p) : 0.f;
-}
-inline bool masked(const fa::Problem& p, int i, int j) { return j >= p.kv_len || (p.causal && j > i + p.kv_len - p.q_len); }
-// Keys seen by the rows [i0, i0 + rows) at most: a Q block's K/V loop stops there (causal block skipping).
+// Keys seen by the rows [i0, i0 + rows) at most (its last row sees the most): a Q block's K/V loop stops
+// there (causal block skipping).
 inline int kv_rows_seen(const fa::Problem& p, int i0, int rows) {
-  if (!p.causal) return p.kv_len;
-  const int last_row = std::min(i0 + rows, p.q_len) - 1;
-  return std::clamp(last_row + p.kv_len - p.q_len + 1, 0, p.kv_len);
+  return p.visible_keys(std::min(i0 + rows, p.q_len) - 1);
 }
 inline int kv_end(const fa::Problem& p, int i0) { return kv_rows_seen(p, i0, Br); }
 
@@ -31,7 +23,7 @@ inline int kv_end(const fa::Problem& p, int i0) { return kv_rows_seen(p, i0, Br)
 inline void forward(const fa::Problem& p, const float* q, const float* k, const float* v, std::vector<float>& o,
                     std::vector<float>& lse) {
   const int d = p.head_dim;
-  const float tau = p.softmax_scale();
+  const float scale = p.softmax_scale();
   o.assign(p.q_elems(), 0.f), lse.assign(p.lse_elems(), 0.f);
   for (int b = 0; b < p.batch; ++b)
     for (int h = 0; h < p.heads; ++h) {
@@ -47,10 +39,10 @@ inline void forward(const fa::Problem& p, const float* q, const float* k, const 
             const int i = i0 + r;
             std::vector<float> S(cols);
             float mx = -INFINITY;
-            for (int c = 0; c < cols; ++c) {  // line 5: S_ij = tau Q_i K_j^T, masked
+            for (int c = 0; c < cols; ++c) {  // line 5: S_ij = scale Q_i K_j^T, masked
               float s = 0;
               for (int e = 0; e < d; ++e) s += Q[size_t(i) * d + e] * K[size_t(j0 + c) * d + e];
-              S[c] = masked(p, i, j0 + c) ? -INFINITY : tau * s;
+              S[c] = p.visible(i, j0 + c) ? scale * s : -INFINITY;
               mx = std::max(mx, S[c]);
             }
             const float m_new = std::max(m[r], mx);                  // line 6
@@ -62,7 +54,7 @@ inline void forward(const fa::Problem& p, const float* q, const float* k, const 
             m[r] = m_new;
             for (int e = 0; e < d; ++e) {                            // line 8: O~_i = diag(alpha) O~_i + P~_ij V_j
               float pv = 0;
-              for (int c = 0; c < cols; ++c) pv += S[c] * dropout_factor(p, b, h, i, j0 + c) * V[size_t(j0 + c) * d + e];
+              for (int c = 0; c < cols; ++c) pv += S[c] * p.dropout_scale(b, h, i, j0 + c) * V[size_t(j0 + c) * d + e];
               acc[size_t(r) * d + e] = alpha * acc[size_t(r) * d + e] + pv;
             }
           }
@@ -82,13 +74,13 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
                      const float* lse, const float* dout, std::vector<float>& dq, std::vector<float>& dk,
                      std::vector<float>& dv) {
   const int d = p.head_dim;
-  const float tau = p.softmax_scale();
+  const float scale = p.softmax_scale();
   dq.assign(p.q_elems(), 0.f), dk.assign(p.kv_elems(), 0.f), dv.assign(p.kv_elems(), 0.f);
-  std::vector<float> D(p.lse_elems());
-  for (size_t row = 0; row < D.size(); ++row) {  // line 1: D = rowsum(dO o O)
+  std::vector<float> D_rows(p.lse_elems());  // D_i of every row
+  for (size_t row = 0; row < D_rows.size(); ++row) {  // line 1: D = rowsum(dO o O)
     float s = 0;
     for (int e = 0; e < d; ++e) s += dout[row * d + e] * o[row * d + e];
-    D[row] = s;
+    D_rows[row] = s;
   }
   // P_ij and dS_ij of one element, recomputed from L (lines 6, 8, 9); returns P~_ij through pd.
   auto element = [&](int b, int h, int i, int j, float* pd) {
@@ -97,12 +89,12 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
     const float* Kj = k + p.kv_offset(b, p.kv_head_of(h)) + size_t(j) * d;
     const float* Vj = v + p.kv_offset(b, p.kv_head_of(h)) + size_t(j) * d;
     const float L = lse[p.lse_offset(b, h) + i];
-    if (masked(p, i, j) || L == -INFINITY) return *pd = 0.f, 0.f;
+    if (!p.visible(i, j) || L == -INFINITY) return *pd = 0.f, 0.f;
     float s = 0, dp = 0;
     for (int e = 0; e < d; ++e) s += Qi[e] * Kj[e], dp += dOi[e] * Vj[e];
-    const float P = std::exp(tau * s - L), z = dropout_factor(p, b, h, i, j);
+    const float P = std::exp(scale * s - L), z = p.dropout_scale(b, h, i, j);
     *pd = P * z;
-    return P * (dp * z - D[p.lse_offset(b, h) + i]);
+    return P * (dp * z - D_rows[p.lse_offset(b, h) + i]);
   };
   for (int b = 0; b < p.batch; ++b)
     for (int hk = 0; hk < p.kv_heads; ++hk)
@@ -121,13 +113,13 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
             }
         for (int c = 0; c < cols; ++c)  // line 12
           for (int e = 0; e < d; ++e) {
-            dk[p.kv_offset(b, hk) + size_t(j0 + c) * d + e] = tau * dK[size_t(c) * d + e];
+            dk[p.kv_offset(b, hk) + size_t(j0 + c) * d + e] = scale * dK[size_t(c) * d + e];
             dv[p.kv_offset(b, hk) + size_t(j0 + c) * d + e] = dV[size_t(c) * d + e];
           }
       }
   for (int b = 0; b < p.batch; ++b)
     for (int h = 0; h < p.heads; ++h)
-      for (int i = 0; i < p.q_len; ++i) {  // lines 13-16: deterministic dQ_i = tau sum_j dS_ij K_j
+      for (int i = 0; i < p.q_len; ++i) {  // lines 13-16: deterministic dQ_i = scale sum_j dS_ij K_j
         const float* K = k + p.kv_offset(b, p.kv_head_of(h));
         std::vector<float> acc(d, 0.f);
         for (int j = 0; j < kv_end(p, i / Br * Br); ++j) {
@@ -135,7 +127,7 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
           const float dS = element(b, h, i, j, &pd);
           for (int e = 0; e < d; ++e) acc[e] += dS * K[size_t(j) * d + e];
         }
-        for (int e = 0; e < d; ++e) dq[p.q_offset(b, h) + size_t(i) * d + e] = tau * acc[e];
+        for (int e = 0; e < d; ++e) dq[p.q_offset(b, h) + size_t(i) * d + e] = scale * acc[e];
       }
 }
 
@@ -155,7 +147,7 @@ inline double hbm_bytes_backward(const fa::Problem& p, bool atomic_dq, int Br_kv
   const double d = p.head_dim, heads = double(p.batch) * p.heads;
   double q_rows = 0;  // per head: query rows the K/V blocks read, summed over K/V blocks
   for (int j0 = 0; j0 < p.kv_len; j0 += Bc) {
-    const int first = p.causal ? std::max(0, j0 - (p.kv_len - p.q_len)) : 0;
+    const int first = p.first_query_seeing(j0);
     q_rows += std::max(0, p.q_len - first / Br_kv * Br_kv);
   }
   double bytes = 4.0 * heads * p.q_len * (2.0 * d + 1);                          // D = rowsum(dO o O)

@@ -1,11 +1,13 @@
-// GPU tests: the 04 kernels against the fp64 reference AND against chapters 02 (forward: O, LSE) and 03
-// (backward: dQ, dK, dV) on the same inputs, both dQ modes, outputs NaN-poisoned before every run.
-// Shapes: the edge lengths (ragged against the 64-row tiles), causal on/off, head_dim 16/32/64/128,
-// GQA (8 heads / 2 kv heads), MQA (kv heads 1), q_len != kv_len, dropout.
+// GPU tests: every step of the 04 forward ladder (fa2::forward_steps()) and the backward in both dQ modes,
+// against the fp64 reference AND against chapters 02 (forward: O, LSE) and 03 (backward: dQ, dK, dV) on the
+// same inputs, outputs NaN-poisoned before every run. Shapes: the edge lengths (ragged against the tiles),
+// exact tile multiples (64, 128, 1024), q_len 1 with kv_len > 1 and the reverse, causal on/off, head_dim
+// 16/32/64/128, GQA (8/2, ratio 3), MQA, whole Q blocks that see no key, large logits, dropout.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "device_tensors.cuh"
 #include "fa1_backward.cuh"
@@ -24,12 +26,22 @@ Problem make(int B, int H, int Hkv, int nq, int nk, int d, bool causal, float dr
   return p;
 }
 
-void expect(const ErrorReport& e, const char* what) { CHECK_MESSAGE(e.ok(), e.summary(what)); }
+void expect(const ErrorReport& e, const std::string& what) { CHECK_MESSAGE(e.ok(), e.summary(what.c_str())); }
 
-// Runs 04 (forward, backward in both dQ modes), 02 and 03 on the same inputs and compares everything with the
-// fp64 reference and 04 with 02/03.
+// Large logits: scale = 25/sqrt(d) makes S reach ~200, past log(FLT_MAX) = 88.7, so a kernel without the
+// running max overflows. fp32 rounding of S grows with |S| (a few u |S| ~ 5e-5 at |S| ~ 200), relatively the
+// same in P, O and L; the CPU model shows up to 1e-4 on O and 1e-3 on the (25x larger) gradients: 5x that.
+constexpr Tolerance kTolLargeLogitsForward{5e-4, 1e-4};
+constexpr Tolerance kTolLargeLogitsBackward{2e-3, 5e-4};
+float large_logit_scale(int d) { return 25.f / std::sqrt(float(d)); }
+bool large_logits(const Problem& p) { return p.scale > 1.f / std::sqrt(float(p.head_dim)); }
+
+// Runs every 04 forward step, the 04 backward (both dQ modes, from fa2::forward's O and L), 02 and 03 on the
+// same inputs and compares everything with the fp64 reference and 04 with 02/03.
 void check_fa2(const Problem& p) {
   INFO(describe(p));
+  const Tolerance tol_f = large_logits(p) ? kTolLargeLogitsForward : kTolFp32Forward;
+  const Tolerance tol_b = large_logits(p) ? kTolLargeLogitsBackward : kTolFp32Backward;
   const HostTensors in = random_inputs(p, true);
   DeviceTensors t(p, in);
   DeviceBuffer<float> ws(fa2::backward_workspace_bytes(p) / sizeof(float));
@@ -37,13 +49,29 @@ void check_fa2(const Problem& p) {
   reference_forward(p, in.q.data(), in.k.data(), in.v.data(), ro, rl);
   reference_backward(p, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq, rk, rv);
 
-  t.poison_outputs();
-  ws.poison();
-  fa2::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get());
+  // The equivalence chain: 02 forward, 03 backward on the same inputs (same Philox dropout mask).
+  DeviceBuffer<float> o1(p.q_elems()), l1(p.lse_elems()), m1(p.lse_elems()), lse1(p.lse_elems());
+  DeviceBuffer<float> dq1(p.q_elems()), dk1(p.kv_elems()), dv1(p.kv_elems());
+  o1.poison(), l1.poison(), m1.poison(), lse1.poison(), dq1.poison(), dk1.poison(), dv1.poison();
+  const fa1::RngState rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), lse1.get());
+  fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), t.dout.get(), dq1.get(),
+                dk1.get(), dv1.get());
   CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> o = t.o.download(), lse = t.lse.download();
-  expect(compare(o, ro, kTolFp32Forward), "04 O vs fp64");
-  expect(compare(lse, rl, kTolFp32Forward), "04 LSE vs fp64");
+  const std::vector<double> o_02 = to_double(o1.download()), lse_02 = to_double(lse1.download());
+
+  // The ladder: each step on poisoned outputs, against fp64 and 02; the last one's O and L feed the backward.
+  std::vector<float> o, lse;
+  for (const fa2::ForwardStep& step : fa2::forward_steps()) {
+    INFO("forward step ", step.name);
+    t.poison_outputs();
+    step.run(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    o = t.o.download(), lse = t.lse.download();
+    expect(compare(o, ro, tol_f), std::string("04 ") + step.name + " O vs fp64");
+    expect(compare(lse, rl, tol_f), std::string("04 ") + step.name + " LSE vs fp64");
+    expect(compare(o, o_02, tol_f), std::string("04 ") + step.name + " O vs 02 O");
+    expect(compare(lse, lse_02, tol_f), std::string("04 ") + step.name + " LSE vs 02 LSE");
+  }
 
   std::vector<float> dq[2], dk[2], dv[2];
   const fa2::DqMode modes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
@@ -54,26 +82,16 @@ void check_fa2(const Problem& p) {
                   t.dv.get(), modes[mi], ws.get());
     CUDA_CHECK(cudaDeviceSynchronize());
     dq[mi] = t.dq.download(), dk[mi] = t.dk.download(), dv[mi] = t.dv.download();
-    expect(compare(dq[mi], rq, kTolFp32Backward), "04 dQ vs fp64");
-    expect(compare(dk[mi], rk, kTolFp32Backward), "04 dK vs fp64");
-    expect(compare(dv[mi], rv, kTolFp32Backward), "04 dV vs fp64");
+    expect(compare(dq[mi], rq, tol_b), "04 dQ vs fp64");
+    expect(compare(dk[mi], rk, tol_b), "04 dK vs fp64");
+    expect(compare(dv[mi], rv, tol_b), "04 dV vs fp64");
   }
 
-  // The equivalence chain: 02 forward, 03 backward on the same inputs (same Philox dropout mask).
-  DeviceBuffer<float> o1(p.q_elems()), l1(p.lse_elems()), m1(p.lse_elems()), lse1(p.lse_elems());
-  DeviceBuffer<float> dq1(p.q_elems()), dk1(p.kv_elems()), dv1(p.kv_elems());
-  o1.poison(), l1.poison(), m1.poison(), lse1.poison(), dq1.poison(), dk1.poison(), dv1.poison();
-  const fa1::RngState rng = fa1::forward(p, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), lse1.get());
-  fa1::backward(p, rng, t.q.get(), t.k.get(), t.v.get(), o1.get(), l1.get(), m1.get(), t.dout.get(), dq1.get(),
-                dk1.get(), dv1.get());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  expect(compare(o, to_double(o1.download()), kTolFp32Forward), "04 O vs 02 O");
-  expect(compare(lse, to_double(lse1.download()), kTolFp32Forward), "04 LSE vs 02 LSE");
   for (int mi = 0; mi < 2; ++mi) {
     INFO((mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
-    expect(compare(dq[mi], to_double(dq1.download()), kTolFp32Backward), "04 dQ vs 03 dQ");
-    expect(compare(dk[mi], to_double(dk1.download()), kTolFp32Backward), "04 dK vs 03 dK");
-    expect(compare(dv[mi], to_double(dv1.download()), kTolFp32Backward), "04 dV vs 03 dV");
+    expect(compare(dq[mi], to_double(dq1.download()), tol_b), "04 dQ vs 03 dQ");
+    expect(compare(dk[mi], to_double(dk1.download()), tol_b), "04 dK vs 03 dK");
+    expect(compare(dv[mi], to_double(dv1.download()), tol_b), "04 dV vs 03 dV");
   }
 }
 
@@ -102,6 +120,32 @@ TEST_CASE("04 vs fp64 reference and 02/03: GQA 8/2, MQA 8/1, causal with q_len !
   Problem p = make(2, 4, 2, 130, 70, 64, true);
   p.scale = 0.05f;
   check_fa2(p);
+}
+
+TEST_CASE("04 vs fp64 reference and 02/03: exact tile multiples (the unmasked path), GQA ratio 3") {
+  for (int n : {64, 128})
+    for (bool causal : {false, true}) check_fa2(make(2, 3, 1, n, n, 64, causal));
+  check_fa2(make(1, 2, 2, 1024, 1024, 64, false));
+  check_fa2(make(1, 2, 2, 1024, 1024, 128, true));
+  check_fa2(make(1, 6, 2, 97, 203, 32, true));  // GQA ratio 3, ragged
+}
+
+TEST_CASE("04 vs fp64 reference and 02/03: q_len 1 with kv_len > 1 and the reverse") {
+  for (bool causal : {false, true}) {
+    check_fa2(make(2, 4, 2, 1, 203, 64, causal));
+    check_fa2(make(2, 4, 2, 203, 1, 64, causal));
+  }
+}
+
+TEST_CASE("04 vs fp64 reference and 02/03: large logits (S ~ 200; exp(S) alone overflows fp32)") {
+  for (int d : {32, 64, 128}) {
+    Problem p = make(1, 4, 2, 203, 113, d, true);  // q_len - kv_len = 90 >= 64: a whole Q block sees no key
+    p.scale = large_logit_scale(d);
+    check_fa2(p);
+    p.q_len = p.kv_len = 128;
+    p.causal = false;
+    check_fa2(p);
+  }
 }
 
 TEST_CASE("04 vs fp64 reference and 02/03: dropout draws the same mask as 02/03 and the reference") {
