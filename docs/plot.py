@@ -4,6 +4,7 @@
     python3 docs/plot.py                                   # all figures, from docs/results/ into docs/figures/
     python3 docs/plot.py --results DIR --out DIR           # other folders (the CPU test uses this)
     python3 docs/plot.py --roofline-table                  # also print the roofline table of docs/roofline.md
+    python3 docs/plot.py --readme-table                    # also print the results table of the top README
 
 One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, with <g> the GPU's short name
 (h100 for "NVIDIA H100 80GB HBM3"):
@@ -504,7 +505,31 @@ def decode_06(rows, gpu, path_n, path_splits):
     return out
 
 
-def plot_csv(path, out_dir, table=False):
+HEADLINE = {  # pass -> [(label, column name)]
+    "fwd": [("00 standard attention (S, P in HBM)", "00 naive"), ("01 fused row, FA2 form", "01 fused row (FA2 form)"),
+            ("02 FA1 forward", "02 FA1"), ("04 FA2", "04 FA2"), ("PyTorch SDPA (backend it picks)", "PyTorch SDPA")],
+    "bwd": [("00 standard attention (S, P in HBM)", "00 naive"), ("03 FA1 backward", "03 FA1"),
+            ("04 FA2, atomic dQ", "04 FA2 (atomic dQ)"), ("04 FA2, deterministic dQ", "04 FA2 (deterministic dQ)"),
+            ("PyTorch SDPA (backend it picks)", "PyTorch SDPA")],
+}
+
+
+def headline_table(rows):
+    """The top README's tables: TFLOP/s at B=1 H=16 d=64, fp32, no mask, by N (canonical rows)."""
+    sel = {(r["pass"], r["label"], r["Nq"]): r["tflops"] for r in rows
+           if (r["B"], r["H"], r["Hkv"], r["d"], r["causal"], r["dropout"], r["dtype"]) == (1, 16, 16, 64, 0, 0, "fp32")
+           and r["Nq"] == r["Nk"] and r["tflops"] > 0}
+    for which, cols in HEADLINE.items():
+        ns = sorted({k[2] for k in sel if k[0] == which})
+        print(f"\n{'forward' if which == 'fwd' else 'backward'}, TFLOP/s\n")
+        print("| N | " + " | ".join(c for _, c in cols) + " |")
+        print("|---" * (len(cols) + 1) + "|")
+        for n in ns:
+            v = [sel.get((which, name, n)) for name, _ in cols]
+            print(f"| {n} | " + " | ".join("—" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}" for x in v) + " |")
+
+
+def plot_csv(path, out_dir, table=False, readme=False):
     rows, dropped = read_rows(path)
     if not rows:
         raise SystemExit(f"{path}: no rows")
@@ -515,6 +540,8 @@ def plot_csv(path, out_dir, table=False):
     g = short_name(gpu)
     spec = SPEC.get(g)
     print(f"{path}: {len(rows)} rows on {gpu}" + (f", {dropped} duplicated rows dropped" if dropped else ""))
+    if readme:
+        headline_table(rows)
     p = lambda name: os.path.join(out_dir, f"{g}_{name}.png")  # noqa: E731
     written = [tflops_vs_n(rows, gpu, "fwd", p("fwd")), tflops_vs_n(rows, gpu, "bwd", p("bwd")),
                memory_vs_n(rows, gpu, spec, p("memory")), roofline(rows, gpu, spec, p("roofline"), table)]
@@ -529,6 +556,7 @@ def main():
     ap.add_argument("--results", default=os.path.join(HERE, "results"), help="folder of result CSVs")
     ap.add_argument("--out", default=os.path.join(HERE, "figures"), help="folder the PNGs are written to")
     ap.add_argument("--roofline-table", action="store_true", help="print the roofline table (markdown)")
+    ap.add_argument("--readme-table", action="store_true", help="print the top README's results table (markdown)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results) if f.endswith(".csv"))
@@ -536,7 +564,7 @@ def main():
         raise SystemExit(f"no .csv files in {args.results}")
     written = []
     for c in csvs:
-        written += plot_csv(c, args.out, args.roofline_table)
+        written += plot_csv(c, args.out, args.roofline_table, args.readme_table)
     written += figures.draw_all(args.out)
     for w in written:
         print(f"wrote {w}")
