@@ -309,7 +309,7 @@ def roofline(rows, gpu, spec, path, table=False):
     bw = measured_copy_gbps(rows) or measured_read_gbps(rows)
     if not pts or not bw:
         return None
-    fig, ax = plt.subplots(figsize=(8.5, 5.6))
+    fig, ax = plt.subplots(figsize=(8.5, 6.6))
     xs = [10 ** (k / 20) for k in range(0, 61)]  # 1 .. 1000 FLOP/byte
     roofs = []
     if spec:
@@ -345,8 +345,9 @@ def roofline(rows, gpu, spec, path, table=False):
     ax.set_ylabel("achieved TFLOP/s (log scale)")
     ax.set_title(f"Roofline: every measured row with a FLOP count and a traffic model, on {gpu}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", ncol=2, title="filled: forward, hollow: backward", title_fontsize=7)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=7, frameon=False,
+               title="filled: forward, hollow: backward", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     if table and spec:
