@@ -492,7 +492,7 @@ def decode_06(rows, gpu, path_n, path_splits):
         if ceiling:
             top = max(r["gbps"] for r in ceiling)
             ax.axhline(top, color="gray", linewidth=1.2, label=f"read-only bandwidth kernel: {top:.0f} GB/s")
-        ax.set_xscale("log", base=2)
+        pow2_ticks(ax, {p[0] for pts in groups.values() for p in pts})
         ax.set_ylim(bottom=0)
         ax.set_xlabel("number of KV splits (log scale)")
         ax.set_ylabel("GB/s (K and V bytes read / time)")
