@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "backward.cuh"
+#include "bwd_program.cuh"
 #include "bwd_testing.hpp"
 #include "device_buffer.cuh"
 #include "fa2.cuh"
@@ -207,4 +208,18 @@ TEST_CASE("05 backward: unsupported head_dim and dropout are UsageErrors before 
                            wsq::DqMode::Deterministic, ws.get()),
                     UsageError);
   }
+}
+
+TEST_CASE("05 backward program section (--backward): every step checked and timed next to 04") {
+  Options opts;
+  opts.problem = make(1, 4, 2, 203, 113, 64, true);
+  opts.iters = 2, opts.warmup = 1;
+  const HostTensors in = random_inputs(opts.problem, true);
+  for (Dtype t : {Dtype::fp16, Dtype::bf16}) {
+    std::vector<ResultRow> rows;
+    CHECK(wsq::run_backward_section(opts, t, in, "all", rows));
+    CHECK(rows.size() == 2 * wsq::backward_steps().size() + 1);  // both dQ modes per step, then 04
+  }
+  std::vector<ResultRow> rows;
+  CHECK_THROWS_AS(wsq::run_backward_section(opts, Dtype::fp16, in, "bwd_v9", rows), UsageError);
 }
