@@ -2,7 +2,8 @@
 // warp-wide shared-memory matrix load (ldmatrix x4, plain and .trans), the asynchronous copy global ->
 // shared (cp.async, with zero fill), and two small helpers (packing two floats into one 32-bit register of
 // the dtype, reductions over the 4 lanes that share a row of a C fragment). Fragment maps: frag.hpp.
-// Requires sm_80 or newer (mma m16n8k16 with bf16, cp.async).
+// Requires sm_80 or newer (mma m16n8k16 with bf16, cp.async). The shared-memory instructions carry a "memory"
+// clobber: the compiler may not move them across the plain C++ stores and loads of the same tiles.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,25 +42,28 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row)));
+               : "r"(smem_addr(row))
+               : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row)));
+               : "r"(smem_addr(row))
+               : "memory");
 }
 
 // 16 bytes global -> shared without passing through registers. With valid == false nothing is read and the
 // 16 bytes are zero-filled (src-size 0): the tail rows of a tile. `src` must still be a valid address.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Wait until at most n committed groups are still in flight.
 template <int n>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
 }
 
 // Two floats rounded to the dtype (nearest even) in one register, `lo` in the low half: an mma operand.

@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
   constexpr int kStepsQK = D / 16;  // k-steps of S = Q K^T
   constexpr int kTilesO = D / 8;    // n-tiles of O
   static_assert(Br % 16 == 0 && Bc % 16 == 0 && D % 16 == 0, "tiles are whole 16x16 mma steps");
+  static_assert(kMTiles == kWarps, "warp w rescales the O~ rows of m-tile w: as many m-tiles as warps");
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);

@@ -27,8 +27,8 @@ namespace {
 
 constexpr int kBr = 64, kBc = 64;
 
-constexpr int kStages = 2;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;  // K/V buffers: the tile being computed and the one being loaded
+constexpr int kStages = 2;  // K/V buffers: the tile being computed and the one being loaded
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Starts copying rows [row0, row0 + Rows) of a [n_rows, D] matrix into shared [Rows][D], swizzled; rows past
 // n_rows are zero-filled without being read (their source address is clamped to row 0, which exists).

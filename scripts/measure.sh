@@ -56,6 +56,32 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
 else
   echo "PyTorch with CUDA not found: no SDPA baseline rows"
 fi
+# 05: split-K and the tensor-core ladder on FlashAttention's benchmark shapes (16k tokens: batch = 16384 / N;
+# hidden 2048: H = 32 at d = 64, H = 16 at d = 128), causal off and on, fp16; each run also times 04 (fp32).
+# Then PyTorch's flash (FA2) and cuDNN backends on the same shapes, the baselines of 05's table.
+for d in 64 128; do
+  for n in 512 1024 2048 4096 8192 16384; do
+    for c in "" --causal; do
+      run "$B/05_warp_split_q/warp_split_q" --batch $((16384 / n)) --heads $((2048 / d)) --q-len "$n" --head-dim "$d" \
+        --dtype fp16 $c --iters 10 --warmup 2
+    done
+  done
+done
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  for d in 64 128; do
+    for n in 512 1024 2048 4096 8192 16384; do
+      for c in "" --causal; do
+        for backend in flash cudnn; do
+          args=(bench --sizes "$n" --batch $((16384 / n)) --heads $((2048 / d)) --head-dim "$d" $c --dtype fp16 --backend "$backend")
+          echo "\$ python3 scripts/torch_sdpa.py ${args[*]} --csv $CSV"
+          python3 scripts/torch_sdpa.py "${args[@]}" --csv "$CSV" || rc=1
+        done
+      done
+    done
+  done
+else
+  echo "PyTorch with CUDA not found: no flash/cuDNN rows for 05"
+fi
 echo
 echo "== measure: $(($(wc -l <"$CSV") - 1)) rows in $CSV, exit $rc"
 exit $rc
