@@ -5,8 +5,10 @@
 //   ./warp_split_q --kernel v7_tiles --dtype bf16 --causal --head-dim 128
 //   ./warp_split_q --in DIR --out DIR           your q/k/v.npy; writes o.npy (float16 for fp16 runs, float32
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
+//   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
 #include <cstdio>
 
+#include "bwd_program.cuh"
 #include "check.hpp"
 #include "device_buffer.cuh"
 #include "fa2.cuh"
@@ -113,10 +115,24 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::HostTen
   return ok;
 }
 
+// --backward: every backward step in both dQ modes, checked and timed next to 04's backward (bwd_program.cuh).
+struct BackwardFlags {
+  bool on = false;
+  std::string kernel = "all";
+};
+bool run_backward(const fa::Options& opts, const BackwardFlags& b, fa::Dtype t, const fa::HostTensors& in) {
+  if (!b.on) return true;
+  std::vector<fa::ResultRow> rows;
+  const bool ok = wsq::run_backward_section(opts, t, in, b.kernel, rows);
+  if (!rows.empty()) fa::report_rows(opts, rows);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags f;
+  BackwardFlags bwd;
   fa::Cli cli("warp_split_q",
               "Chapter 05: split-K vs split-Q, then the FA2 forward on tensor cores step by step (fp16/bf16 in, fp32 "
               "accumulation; O written in the dtype, LSE in fp32), checked against the fp64 reference and chapter 04, "
@@ -131,11 +147,17 @@ int main(int argc, char** argv) {
     fa::parse_dtype(f.dtype);
     selected(f.kernel);
   });
+  cli.add_flag("--backward", &bwd.on, "also run, check and time the backward steps (both dQ modes) and 04's backward");
+  cli.add_option("--bwd-kernel", &bwd.kernel, "with --backward: all, or one step: bwd_v1_mma, bwd_v2_regs (default all)");
+  cli.add_check([&](const fa::Problem&) {
+    if (bwd.kernel != "all") wsq::find_backward_step(bwd.kernel);
+  });
   return fa::run_program(cli, argc, argv, [&](fa::Options& opts) {
     const fa::Dtype t = fa::parse_dtype(f.dtype);
-    fa::HostTensors in = fa::load_inputs(opts, false);
+    fa::HostTensors in = fa::load_inputs(opts, bwd.on);
     round_inputs(t, in);
     std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
-    return t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, in) : run<fa::bfloat16_t>(opts, f, t, in);
+    const bool ok = t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, in) : run<fa::bfloat16_t>(opts, f, t, in);
+    return run_backward(opts, bwd, t, in) && ok;
   });
 }
