@@ -14,7 +14,7 @@
 //   line 9       dQ_i += tau dS K_j  (atomic mode: fp32 atomicAdd; warp w: a 16-row x d/cg slice)
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Shared memory, 16-bit values, rows padded by 8: K_j, V_j [Bc][d+8], Q_i, dO_i [Br][d+8], P^T, dS^T [Bc][Br+8],
-// plus L_i, D_i [Br] fp32 = 55.5 KiB (d = 64, Br = 64), 62.6 KiB (d = 128, Br = 32).
+// plus L_i, D_i [Br] fp32 = 54.5 KiB (d = 64, Br = 64), 61.3 KiB (d = 128, Br = 32).
 #include "bwd_common.cuh"
 #include "bwd_steps.hpp"
 

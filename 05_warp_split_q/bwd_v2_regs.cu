@@ -16,7 +16,7 @@
 //   line 9       dQ_i += tau dS K_j  (atomic mode: dS^T via shared memory; fp32 atomicAdd)
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Shared memory, 16-bit values, rows padded by 8: K_j, V_j [Bc][d+8], Q_i, dO_i [Br][d+8], dS^T [Bc][Br+8],
-// plus L_i, D_i [Br] fp32 = 46.5 KiB (d = 64, Br = 64), 57.6 KiB (d = 128, Br = 32).
+// plus L_i, D_i [Br] fp32 = 45.5 KiB (d = 64, Br = 64), 56.3 KiB (d = 128, Br = 32).
 #include "bwd_common.cuh"
 #include "bwd_steps.hpp"
 
