@@ -14,6 +14,8 @@ const std::vector<BackwardStep>& backward_steps() {
        backward_v1_mma<fa::half_t>, backward_v1_mma<fa::bfloat16_t>},
       {"bwd_v2_regs", "P^T, dS^T stay in registers: C fragments reused as the A operands of dV and dK",
        backward_v2_regs<fa::half_t>, backward_v2_regs<fa::bfloat16_t>},
+      {"bwd_v3_cp_async", "cp.async double buffer: the next Q_i, dO_i load while this tile computes",
+       backward_v3_cp_async<fa::half_t>, backward_v3_cp_async<fa::bfloat16_t>},
   };
   return steps;
 }

@@ -9,5 +9,6 @@ namespace wsq {
           float* dq, float* dk, float* dv, DqMode mode, void* workspace);
 WSQ_BWD_DECLARE(backward_v1_mma)
 WSQ_BWD_DECLARE(backward_v2_regs)
+WSQ_BWD_DECLARE(backward_v3_cp_async)
 #undef WSQ_BWD_DECLARE
 }  // namespace wsq
