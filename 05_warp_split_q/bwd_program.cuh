@@ -4,7 +4,8 @@
 //   2. every backward step (or the one --bwd-kernel names), both dQ modes: one run on NaN-poisoned outputs
 //      checked against the fp64 reference (common/program.hpp's check_backward: whole kv groups where cheap,
 //      sampled dQ rows beyond), then timed (common/timer.cuh: warm-up, L2 flushed, median);
-//   3. chapter 04's fp32 backward on the same rounded inputs, O and LSE, timed in the same run as the baseline.
+//   3. with --out, dq.npy, dk.npy, dv.npy (float32) of the last step's deterministic run;
+//   4. chapter 04's fp32 backward on the same rounded inputs, O and LSE, timed in the same run as the baseline.
 // FLOPs are the project's backward count (2.5 x forward); bytes the minimal HBM traffic at 2 bytes per element
 // (fp32 gradients written: 4), so GB/s shows how far a step is from streaming its tensors once.
 #pragma once
@@ -79,6 +80,8 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Host
                       bytes, double(backward_workspace_bytes(p)), e.max_abs});
     }
   }
+  if (!opts.out_dir.empty())  // the last step's deterministic-mode gradients, float32 (BACKWARD.md section 6)
+    fa::write_backward_outputs(opts.out_dir, p, dq.download(), dk.download(), dv.download());
   if (opts.iters <= 0) return ok;
 
   // Chapter 04's fp32 backward on the same rounded inputs and the same O (widened) and LSE: the baseline.
