@@ -52,7 +52,8 @@ __device__ __forceinline__ float2 widen2(const T* x) {
 // row, two columns per lane per step. O is the forward's output in the dtype, exactly as a training step keeps it.
 template <class T>
 __global__ void __launch_bounds__(32 * kRowsumWarps)
-    rowsum_do_o_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ Dv, size_t rows, int d) {
+    rowsum_do_o_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ Dv, size_t rows,
+                       int d) {
   const size_t row = size_t(blockIdx.x) * kRowsumWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;

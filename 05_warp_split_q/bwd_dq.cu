@@ -1,5 +1,5 @@
 // The deterministic dQ kernel: dQ_i for one Q block, summed on chip over the K/V blocks in a fixed order, so dQ is
-// bit-identical run to run (BACKWARD.md Algorithm B, lines 11-16). Every backward step uses it in DqMode::Deterministic.
+// bit-identical run to run (BACKWARD.md Algorithm B, lines 11-16). Every step uses it in DqMode::Deterministic.
 //
 // It has the forward's shape (split-Q): grid (Tr, H, B), warp w owns query rows 16w .. 16w+15 of the block, and
 // every (S, dP, dS) element it makes stays in its registers:
