@@ -32,7 +32,7 @@ void check_steps(Dtype t, const Problem& p, double qk_stddev) {
   const std::vector<T> q = to_dtype<T>(qf), k = to_dtype<T>(kf), v = to_dtype<T>(vf);
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, qf, kf, vf, 1e30);
   for (const wsq::Step& s : wsq::forward_steps()) {
-    INFO("step ", s.name, ", ", dtype_name(t), ", ", p.batch, "x", p.heads, "/", p.kv_heads, " ", p.q_len, "x", p.kv_len,
+    INFO("step ", std::string(s.name), ", ", dtype_name(t), ", ", p.batch, "x", p.heads, "/", p.kv_heads, " ", p.q_len, "x", p.kv_len,
          " d=", p.head_dim, " causal=", p.causal, " Q/K stddev ", qk_stddev);
     std::vector<T> o(p.q_elems());
     std::vector<float> lse(p.lse_elems());

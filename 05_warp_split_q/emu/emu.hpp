@@ -1,10 +1,15 @@
 // A CPU emulation of the little of CUDA the chapter's kernels use, so that test_emulated runs the kernels
 // themselves - their index arithmetic, tile loops, masks, barriers and pipelines - on a machine without a GPU:
-// every GPU thread of a block is a std::thread; __syncthreads is a barrier of the block's threads; the
+// every GPU thread of a block is a context of its own (below); __syncthreads is a barrier of the block; the
 // warp-wide instructions (shuffles, ldmatrix, mma.sync) exchange values through a per-warp table and a barrier
 // of the warp's 32 threads, and compute what the PTX ISA defines (the rules are written out below,
 // independently of frag.hpp); cp.async copies at once (a legal schedule of an asynchronous copy). Blocks run
-// one after another. Slow, and it proves nothing about timing, but an out-of-place index, a wrong buffer or a
+// one after another.
+// The GPU threads are not OS threads but cooperative contexts (ucontext) on one OS thread, run in lockstep:
+// a thread that reaches a warp barrier hands over to the next lane of its warp (lane 31 to lane 0, which then
+// finds the barrier complete), one that reaches __syncthreads to the next thread of the block. This is exact
+// for kernels whose barriers are reached by every thread of the warp (or block) in the same order, which the
+// chapter's kernels are written to do (no barrier inside a divergent branch). Slow, and it proves nothing about timing, but an out-of-place index, a wrong buffer or a
 // missing mask gives a wrong result here exactly as on the GPU.
 //
 // This header replaces ptx.cuh and launch.cuh (their include guards are defined here) and must be included
@@ -16,11 +21,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
-#include <thread>
+#include <ucontext.h>
 #include <type_traits>
 #include <vector>
 
@@ -46,62 +49,79 @@ inline int min(int a, int b) { return a < b ? a : b; }
 
 namespace emu {
 
-class Barrier {  // reusable: n threads wait until all have arrived
- public:
-  explicit Barrier(int n = 1) : n_(n) {}
-  void reset(int n) { n_ = n, count_ = 0; }
-  void wait() {
-    std::unique_lock<std::mutex> lk(m_);
-    const unsigned long gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0, ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lk, [&] { return gen_ != gen; });
-    }
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  dim3_ idx;
+};
+inline std::vector<Fiber> fibers;
+inline ucontext_t main_ctx;
+inline int current = 0, n_threads = 0;
+inline dim3_ thread_idx, block_idx;  // of the running GPU thread
+inline void (*body)() = nullptr;     // what every GPU thread of the block runs
+
+inline void switch_to(int next) {
+  const int me = current;
+  current = next, thread_idx = fibers[next].idx;
+  swapcontext(&fibers[me].ctx, &fibers[next].ctx);
+}
+inline void fiber_entry() {
+  body();
+  const int next = current + 1;  // lockstep: the next thread is waiting at the last barrier this one passed
+  if (next < n_threads) {
+    current = next, thread_idx = fibers[next].idx;
+    setcontext(&fibers[next].ctx);
   }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0;
-  unsigned long gen_ = 0;
-};
-
-constexpr int kMaxWarps = 8;
-struct Warp {
-  Barrier bar{32};
-  std::array<std::array<uint64_t, 12>, 32> slot{};  // what each lane puts on the table
-};
-inline Barrier block_barrier;
-inline std::array<Warp, kMaxWarps> warps;
-inline std::mutex atomic_mutex;
-inline thread_local dim3_ thread_idx, block_idx;
+  setcontext(&main_ctx);
+}
+// Runs body() as `threads` GPU threads of one block.
+inline void run_block(int threads, dim3_ block) {
+  constexpr size_t kStack = 128 * 1024;
+  fibers.resize(threads);
+  n_threads = threads, block_idx = block;
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = fibers[t];
+    f.stack.resize(kStack);
+    f.idx = {unsigned(t), 0, 0};
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &main_ctx;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  current = 0, thread_idx = fibers[0].idx;
+  swapcontext(&main_ctx, &fibers[0].ctx);
+}
 
 inline int lane() { return int(thread_idx.x % 32); }
-inline Warp& my_warp() { return warps[thread_idx.x / 32]; }
+inline int warp_base() { return int(thread_idx.x) - lane(); }
+inline void warp_barrier() { switch_to(warp_base() + (lane() + 1) % 32); }
+inline void block_barrier() { switch_to((int(thread_idx.x) + 1) % n_threads); }
+
+constexpr int kMaxWarps = 8;
+inline std::array<std::array<std::array<uint64_t, 8>, 32>, kMaxWarps> slots{};  // what each lane puts on the table
+inline std::array<std::array<uint64_t, 8>, 32>& my_slots() { return slots[thread_idx.x / 32]; }
 
 }  // namespace emu
 
 #define threadIdx (emu::thread_idx)
 #define blockIdx (emu::block_idx)
-inline void __syncthreads() { emu::block_barrier.wait(); }
-inline void __syncwarp() { emu::my_warp().bar.wait(); }
+inline void __syncthreads() { emu::block_barrier(); }
+inline void __syncwarp() { emu::warp_barrier(); }
 
 inline float __shfl_xor_sync(unsigned, float x, int mask) {
-  emu::Warp& w = emu::my_warp();
+  auto& slot = emu::my_slots();
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
-  w.slot[emu::lane()][0] = bits;
-  w.bar.wait();
-  const uint32_t other = uint32_t(w.slot[emu::lane() ^ mask][0]);
-  w.bar.wait();
+  slot[emu::lane()][0] = bits;
+  emu::warp_barrier();
+  const uint32_t other = uint32_t(slot[emu::lane() ^ mask][0]);
+  emu::warp_barrier();
   float y;
   std::memcpy(&y, &other, 4);
   return y;
 }
-inline float atomicAdd(float* p, float x) {
-  std::lock_guard<std::mutex> lk(emu::atomic_mutex);
+inline float atomicAdd(float* p, float x) {  // one OS thread: nothing runs in between
   const float old = *p;
   *p = old + x;
   return old;
@@ -151,20 +171,20 @@ inline float quad_sum(float x) {
 // ldmatrix.x4 (PTX ISA 9.7.14.5.15): lane 8m + r gives the address of row r of matrix m; lane L receives in
 // register m the two 16-bit values at (L / 4, 2 (L % 4) + e) of matrix m, or with .trans at (2 (L % 4) + e, L / 4).
 inline void ldmatrix_emu(uint32_t r[4], const void* row, bool trans) {
-  emu::Warp& w = emu::my_warp();
+  auto& slot = emu::my_slots();
   const int L = emu::lane();
-  w.slot[L][0] = reinterpret_cast<uint64_t>(row);
-  w.bar.wait();
+  slot[L][0] = reinterpret_cast<uint64_t>(row);
+  emu::warp_barrier();
   for (int m = 0; m < 4; ++m) {
     uint16_t v[2];
     for (int e = 0; e < 2; ++e) {
       const int rr = trans ? 2 * (L % 4) + e : L / 4, cc = trans ? L / 4 : 2 * (L % 4) + e;
-      const auto* base = reinterpret_cast<const uint16_t*>(w.slot[8 * m + rr][0]);
+      const auto* base = reinterpret_cast<const uint16_t*>(slot[8 * m + rr][0]);
       v[e] = base[cc];
     }
     r[m] = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
   }
-  w.bar.wait();
+  emu::warp_barrier();
 }
 inline void ldmatrix_x4(uint32_t r[4], const void* row) { ldmatrix_emu(r, row, false); }
 inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) { ldmatrix_emu(r, row, true); }
@@ -176,24 +196,24 @@ inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) { ldmatrix_emu(r, 
 template <class T>
 inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   constexpr bool h = std::is_same_v<T, fa::half_t>;
-  emu::Warp& w = emu::my_warp();
+  auto& slot = emu::my_slots();
   const int L = emu::lane();
-  for (int x = 0; x < 4; ++x) w.slot[L][x] = a[x];
-  for (int x = 0; x < 2; ++x) w.slot[L][4 + x] = b[x];
-  w.bar.wait();
+  for (int x = 0; x < 4; ++x) slot[L][x] = a[x];
+  for (int x = 0; x < 2; ++x) slot[L][4 + x] = b[x];
+  emu::warp_barrier();
   float A[16][16], B[16][8];
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int e = 0; e < 8; ++e) {
-      const uint16_t bits = uint16_t(w.slot[l][e / 2] >> (16 * (e % 2)));
+      const uint16_t bits = uint16_t(slot[l][e / 2] >> (16 * (e % 2)));
       A[g + 8 * ((e == 2 || e == 3 || e == 6 || e == 7) ? 1 : 0)][2 * t + e % 2 + 8 * (e >= 4)] = value16(bits, h);
     }
     for (int e = 0; e < 4; ++e) {
-      const uint16_t bits = uint16_t(w.slot[l][4 + e / 2] >> (16 * (e % 2)));
+      const uint16_t bits = uint16_t(slot[l][4 + e / 2] >> (16 * (e % 2)));
       B[2 * t + e % 2 + 8 * (e >= 2)][g] = value16(bits, h);
     }
   }
-  w.bar.wait();
+  emu::warp_barrier();
   const int g = L / 4, t = L % 4;
   for (int e = 0; e < 4; ++e) {
     const int row = g + 8 * (e >= 2), col = 2 * t + e % 2;
@@ -219,7 +239,7 @@ alignas(16) unsigned char smem[232 * 1024];
 template <class Tc>
 using Kernel = void (*)(fa::Problem, const Tc*, const Tc*, const Tc*, Tc*, float*);
 
-// Runs the grid: blocks one after another, each with `threads` std::threads.
+// Runs the grid: blocks one after another, each with `threads` GPU threads.
 template <class T>
 void launch(Kernel<T> kernel, int Br, int threads, size_t smem_bytes, const fa::Problem& p, const T* q, const T* k,
             const T* v, T* o, float* lse) {
@@ -230,15 +250,14 @@ void launch(Kernel<T> kernel, int Br, int threads, size_t smem_bytes, const fa::
     for (int by = 0; by < p.heads; ++by)
       for (int bx = 0; bx < gx; ++bx) {
         std::memset(smem, 0xA5, smem_bytes);  // garbage, like real shared memory
-        emu::block_barrier.reset(threads);
-        std::vector<std::thread> ts;
-        for (int tid = 0; tid < threads; ++tid)
-          ts.emplace_back([&, tid] {
-            emu::thread_idx = {unsigned(tid), 0, 0};
-            emu::block_idx = {unsigned(bx), unsigned(by), unsigned(bz)};
-            kernel(p, q, k, v, o, lse);
-          });
-        for (auto& t : ts) t.join();
+        static const fa::Problem* pp;
+        static Kernel<T> kk;
+        static const T *qq, *kp, *vv;
+        static T* oo;
+        static float* ll;
+        pp = &p, kk = kernel, qq = q, kp = k, vv = v, oo = o, ll = lse;
+        emu::body = [] { kk(*pp, qq, kp, vv, oo, ll); };
+        emu::run_block(threads, {unsigned(bx), unsigned(by), unsigned(bz)});
       }
 }
 
