@@ -54,7 +54,8 @@ void check_all(const Problem& p, double qk_stddev = 1.0) {
 }  // namespace
 
 TEST_CASE("emulated kernels: ragged lengths, causal on/off, q_len != kv_len both ways, d = 64") {
-  for (auto [nq, nk] : std::vector<std::pair<int, int>>{{1, 1}, {17, 17}, {64, 64}, {97, 130}, {130, 97}})
+  for (auto [nq, nk] : std::vector<std::pair<int, int>>{{1, 1}, {17, 17}, {64, 64}, {97, 130}, {130, 97}, {113, 203},
+                                                        {203, 113}})
     for (bool causal : {false, true}) check_all(make(1, 1, 1, nq, nk, 64, causal));
 }
 
@@ -62,6 +63,28 @@ TEST_CASE("emulated kernels: d = 128, GQA 6/2, MQA, large logits") {
   check_all(make(1, 1, 1, 97, 130, 128, true));
   check_all(make(1, 1, 1, 130, 70, 128, false));
   check_all(make(1, 6, 2, 20, 33, 64, true));
+  check_all(make(1, 8, 2, 17, 40, 64, false));
+  check_all(make(1, 8, 1, 40, 17, 128, true));
   check_all(make(2, 2, 1, 33, 20, 128, true));
   check_all(make(1, 1, 1, 70, 97, 64, false), 8.0);
+}
+
+TEST_CASE("emulated kernels: a custom scale, and rows that see no key give O = 0 exactly") {
+  Problem p = make(1, 2, 1, 130, 70, 64, true);  // rows 0..59 see no key
+  p.scale = 0.05f;
+  check_all(p);
+  const std::vector<float> x = rounded(Dtype::fp16, random_normal<float>(p.q_elems(), 3));
+  const std::vector<half_t> q = to_dtype<half_t>(x), kv = to_dtype<half_t>(std::vector<float>(x.begin(), x.begin() + p.kv_elems()));
+  for (const wsq::Step& s : wsq::forward_steps()) {
+    INFO("step ", std::string(s.name));
+    std::vector<half_t> o(p.q_elems());
+    std::vector<float> lse(p.lse_elems());
+    std::memset(o.data(), 0xFF, o.size() * sizeof(half_t));
+    s.fp16(p, q.data(), kv.data(), kv.data(), o.data(), lse.data());
+    for (int h = 0; h < p.heads; ++h)
+      for (int i = 0; i < p.q_len - p.kv_len; ++i) {
+        CHECK((std::isinf(lse[p.lse_offset(0, h) + i]) && lse[p.lse_offset(0, h) + i] < 0));
+        for (int c = 0; c < p.head_dim; ++c) CHECK(to_float(o[p.q_offset(0, h) + size_t(i) * p.head_dim + c]) == 0.f);
+      }
+  }
 }
