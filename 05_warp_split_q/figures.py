@@ -95,7 +95,7 @@ def swizzle_figure():
         for r in range(8):
             for c in range(8):
                 phys = c ^ (r & 7) if swz else c
-                cells[(r, phys)] = (f"c{c}", c)  # colour = logical chunk
+                cells[(r, phys)] = (f"c{c}", 4 * c)  # colour = logical chunk (colour() groups lanes by 4)
         draw_grid(ax, 8, 8, cells,
                   ("XOR swizzle: chunk c of row r at c ^ (r mod 8)" if swz else "plain: chunk c of row r at c") +
                   "\nan ldmatrix phase reads logical chunk c0 of rows 0-7", "physical 16-byte chunk (banks 4c .. 4c+3)", "row")

@@ -1,7 +1,8 @@
 // Host side shared by the step files: the grid every step uses (one block per Q block, head and batch, as in
 // chapter 04), the opt-in for more than 48 KiB of dynamic shared memory, and the pointer casts from the host's
 // 16-bit types to CUDA's.
-#pragma once
+#ifndef WSQ_LAUNCH_CUH  // a guard, not #pragma once: test_emulated.cpp provides a CPU version of this header
+#define WSQ_LAUNCH_CUH
 #include <cuda_runtime.h>
 
 #include "cuda_check.cuh"
@@ -33,3 +34,4 @@ void launch(Kernel<typename fa::CudaType<T>::type> kernel, int Br, int threads, 
                                fa::half_t*, float*);                                                             \
   template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
                                    const fa::bfloat16_t*, fa::bfloat16_t*, float*);
+#endif  // WSQ_LAUNCH_CUH

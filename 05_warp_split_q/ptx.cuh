@@ -4,7 +4,8 @@
 // the dtype, reductions over the 4 lanes that share a row of a C fragment). Fragment maps: frag.hpp.
 // Requires sm_80 or newer (mma m16n8k16 with bf16, cp.async). The shared-memory instructions carry a "memory"
 // clobber: the compiler may not move them across the plain C++ stores and loads of the same tiles.
-#pragma once
+#ifndef WSQ_PTX_CUH  // a guard, not #pragma once: test_emulated.cpp provides a CPU version of this header
+#define WSQ_PTX_CUH
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -95,3 +96,4 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 }  // namespace wsq
+#endif  // WSQ_PTX_CUH

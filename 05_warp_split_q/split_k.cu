@@ -13,7 +13,7 @@
 // Barriers per K/V tile: 4 (split-Q: 2). Shared-memory traffic per tile: see the README's Part A formulas.
 // Thread mapping: 4 warps = Bc / 16. Every lane keeps m for its rows (g, g+8) of every 16-row m-tile: all
 // warps compute the same m_new from the same shared partial maxima.
-// Shared memory: (Br + 2 Bc) d + Br Bc 16-bit values + Br d + 2 x 4 Br floats = 56.5 KiB (d = 64), 90 KiB (d = 128).
+// Shared memory: (Br + 2 Bc) d + Br Bc 16-bit values + Br d + 2 x 4 Br floats = 50 KiB (d = 64), 90 KiB (d = 128).
 #include "launch.cuh"
 #include "ptx.cuh"
 #include "steps.hpp"

@@ -47,7 +47,7 @@ void check_steps(Dtype t, const Problem& p, double qk_stddev) {
   const std::vector<double> o04 = to_double(o32.download()), lse04 = to_double(lse32.download());
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, in.q, in.k, in.v, 1e30);  // every row
   for (const wsq::Step& s : wsq::forward_steps()) {
-    INFO("step ", s.name, ", ", dtype_name(t), ", ", describe(p), ", Q/K stddev ", qk_stddev);
+    INFO("step ", std::string(s.name), ", ", dtype_name(t), ", ", describe(p), ", Q/K stddev ", qk_stddev);
     o.poison(), lse.poison();
     wsq::fn<T>(s)(p, q.get(), k.get(), v.get(), o.get(), lse.get());
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -104,7 +104,7 @@ TEST_CASE("05 every step: rows that see no key give O = 0 exactly and LSE = -inf
       o(p.q_elems());
   DeviceBuffer<float> lse(p.lse_elems());
   for (const wsq::Step& s : wsq::forward_steps()) {
-    INFO("step ", s.name);
+    INFO("step ", std::string(s.name));
     o.poison(), lse.poison();
     s.fp16(p, q.get(), k.get(), v.get(), o.get(), lse.get());
     const std::vector<half_t> ot = o.download();

@@ -14,7 +14,7 @@
 // rows never leave the warp, so the only barriers are the two around each K/V load.
 // Operands reach the tensor cores by plain 32-bit shared-memory loads (16-bit loads for V, whose B fragment
 // pairs are a column apart), and P goes through shared memory (each warp its own rows) to become an A operand.
-// Shared memory: (Br + 2 Bc) d + Br Bc 16-bit values = 40 KiB (d = 64), 56 KiB (d = 128) at Br = Bc = 64.
+// Shared memory: (Br + 2 Bc) d + Br Bc 16-bit values = 32 KiB (d = 64), 56 KiB (d = 128) at Br = Bc = 64.
 #include "launch.cuh"
 #include "ptx.cuh"
 #include "steps.hpp"

@@ -18,7 +18,7 @@
 // rows never leave the warp, so the only barriers are the two around each K/V load.
 // Operands reach the tensor cores by ldmatrix (.trans for V); P goes through shared memory (each warp its own
 // rows) to become an A operand.
-// Shared memory: (Br + 4 Bc) d + Br Bc 16-bit values = 56 KiB (d = 64), 88 KiB (d = 128) at Br = Bc = 64.
+// Shared memory: (Br + 4 Bc) d + Br Bc 16-bit values = 48 KiB (d = 64), 88 KiB (d = 128) at Br = Bc = 64.
 #include "launch.cuh"
 #include "ptx.cuh"
 #include "steps.hpp"
