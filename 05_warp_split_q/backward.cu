@@ -3,7 +3,6 @@
 
 #include "bwd_common.cuh"
 #include "bwd_steps.hpp"
-#include "cuda_check.cuh"
 #include "warp_split_q.cuh"
 
 namespace wsq {
@@ -42,14 +41,8 @@ namespace {
 
 constexpr int kRowsumWarps = 8;  // rows per block of the D kernel, one warp each
 
-template <class T>
-__device__ __forceinline__ float2 widen2(const T* x) {
-  if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(x));
-  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x));
-}
-
 // D_i = sum_c dO_ic O_ic for every query row (BACKWARD.md Algorithm B, line 0), fp32 accumulation. One warp per
-// row, two columns per lane per step. O is the forward's output in the dtype, exactly as a training step keeps it.
+// row, consecutive lanes on consecutive columns. O is the forward's output in the dtype, as a training step keeps it.
 template <class T>
 __global__ void __launch_bounds__(32 * kRowsumWarps)
     rowsum_do_o_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ Dv, size_t rows,
@@ -58,10 +51,7 @@ __global__ void __launch_bounds__(32 * kRowsumWarps)
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   float s = 0.f;
-  for (int c = 2 * lane; c < d; c += 64) {
-    const float2 a = widen2(o + row * d + c), g = widen2(dout + row * d + c);
-    s = fmaf(a.x, g.x, fmaf(a.y, g.y, s));
-  }
+  for (int c = lane; c < d; c += 32) s = fmaf(widen(o[row * d + c]), widen(dout[row * d + c]), s);
   for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
   if (lane == 0) Dv[row] = s;
 }
@@ -76,19 +66,12 @@ void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>
   check_supported(p);
   float* Dv = static_cast<float*>(workspace);
   const size_t rows = p.lse_elems();
-  rowsum_do_o_kernel<Tc><<<unsigned((rows + kRowsumWarps - 1) / kRowsumWarps), 32 * kRowsumWarps>>>(
-      fa::cuda_ptr(o), fa::cuda_ptr(dout), Dv, rows, p.head_dim);
-  CHECK_LAUNCH();
-
-  const KvKernel<Tc> kernel = mode == DqMode::Atomic ? kv.atomic_dq : kv.no_dq;
-  constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the per-kernel opt-in (sm_80: 163 KiB, sm_90: 227 KiB)
-  if (kv.smem_bytes > kDefaultSmem)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kv.smem_bytes)));
-  if (mode == DqMode::Atomic) CUDA_CHECK(cudaMemsetAsync(dq, 0, p.q_elems() * sizeof(float)));
+  launch(rowsum_do_o_kernel<Tc>, dim3(unsigned((rows + kRowsumWarps - 1) / kRowsumWarps)), 32 * kRowsumWarps, 0,
+         fa::cuda_ptr(o), fa::cuda_ptr(dout), Dv, rows, p.head_dim);
+  if (mode == DqMode::Atomic) zero_floats(dq, p.q_elems());
   const dim3 grid((p.kv_len + kv.Bc - 1) / kv.Bc, p.kv_heads, p.batch);
-  kernel<<<grid, kv.threads, kv.smem_bytes>>>(p, fa::cuda_ptr(q), fa::cuda_ptr(k), fa::cuda_ptr(v), lse,
-                                             fa::cuda_ptr(dout), Dv, dq, dk, dv);
-  CHECK_LAUNCH();
+  launch(mode == DqMode::Atomic ? kv.atomic_dq : kv.no_dq, grid, kv.threads, kv.smem_bytes, p, fa::cuda_ptr(q),
+         fa::cuda_ptr(k), fa::cuda_ptr(v), lse, fa::cuda_ptr(dout), static_cast<const float*>(Dv), dq, dk, dv);
   if (mode == DqMode::Deterministic) run_dq<T>(p, q, k, v, lse, dout, Dv, dq);
 }
 

@@ -1,13 +1,10 @@
-// What the backward's step files share: tile sizes, the padded shared-memory tiles and their loads, one
-// ldmatrix call for the four operand situations (bwd_frag.hpp), and the host driver that runs
-// D = rowsum(dO o O), then a step's K/V-block kernel, then (deterministic mode) the dQ kernel (bwd_dq.cu).
+// What the backward's kernel files share on the device: tile sizes, the padded shared-memory tiles and their
+// loads, one ldmatrix call for the four operand situations (bwd_frag.hpp). The host side (launching, the driver
+// D = rowsum(dO o O) -> K/V-block kernel -> dQ kernel) is bwd_launch.cuh.
 #pragma once
-#include <cuda_runtime.h>
-
 #include "backward.cuh"
 #include "bwd_frag.hpp"
-#include "cuda_check.cuh"
-#include "lowp.cuh"
+#include "bwd_launch.cuh"
 #include "ptx.cuh"
 
 namespace wsq {
@@ -70,37 +67,5 @@ __device__ __forceinline__ bool needs_mask(const fa::Problem& p, int i0, int Br,
   return i0 + Br > p.q_len || j0 + Bc > p.kv_len || (p.causal && j0 + Bc - 1 > i0 + p.causal_shift());
 }
 
-// ---- host -----------------------------------------------------------------------------------------------
-// A step's K/V-block kernel: grid (Tc, Hkv, B). kAtomicDq selects whether it also adds dS K_j into dq.
-template <class Tc>
-using KvKernel = void (*)(fa::Problem, const Tc* q, const Tc* k, const Tc* v, const float* lse, const Tc* dout,
-                          const float* Dv, float* dq, float* dk, float* dv);
-template <class Tc>
-struct KvKernels {
-  KvKernel<Tc> atomic_dq, no_dq;
-  int Bc, threads;
-  size_t smem_bytes;
-};
-
-// D = rowsum(dO o O) -> workspace; then the K/V kernel (zeroed dq + atomics, or no dQ and then the dQ kernel).
-template <class T>
-void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>::type>& kv, const T* q, const T* k,
-                  const T* v, const T* o, const float* lse, const T* dout, float* dq, float* dk, float* dv, DqMode mode,
-                  void* workspace);
-
-// The deterministic dQ kernel (bwd_dq.cu), the same for every step: grid (Tr, H, B), DqTile.
-template <class T>
-void run_dq(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout, const float* Dv,
-            float* dq);
-
 }  // namespace bwd
 }  // namespace wsq
-
-// Explicit instantiations of a backward step's host function for both dtypes.
-#define WSQ_BWD_INSTANTIATE(fn)                                                                                     \
-  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,          \
-                               const fa::half_t*, const float*, const fa::half_t*, float*, float*, float*, DqMode,    \
-                               void*);                                                                              \
-  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,                 \
-                                   const fa::bfloat16_t*, const fa::bfloat16_t*, const float*, const fa::bfloat16_t*, \
-                                   float*, float*, float*, DqMode, void*);

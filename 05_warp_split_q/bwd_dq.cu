@@ -125,13 +125,9 @@ void launch_dq(const fa::Problem& p, const T* q, const T* k, const T* v, const f
                const float* Dv, float* dq) {
   using Tc = typename fa::CudaType<T>::type;
   constexpr size_t smem = sizeof(Tc) * 2 * (DqTile::Br + DqTile::Bc) * (D + kPad);
-  constexpr size_t kDefaultSmem = 48 * 1024;
-  if (smem > kDefaultSmem)
-    CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<Tc, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid((p.q_len + DqTile::Br - 1) / DqTile::Br, p.heads, p.batch);
-  dq_kernel<Tc, D><<<grid, DqTile::kThreads, smem>>>(p, fa::cuda_ptr(q), fa::cuda_ptr(k), fa::cuda_ptr(v), lse,
-                                                     fa::cuda_ptr(dout), Dv, dq);
-  CHECK_LAUNCH();
+  launch(dq_kernel<Tc, D>, grid, DqTile::kThreads, smem, p, fa::cuda_ptr(q), fa::cuda_ptr(k), fa::cuda_ptr(v), lse,
+         fa::cuda_ptr(dout), Dv, dq);
 }
 
 }  // namespace

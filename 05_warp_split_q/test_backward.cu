@@ -74,7 +74,8 @@ void check_case_t(const Case& c, const std::vector<const wsq::BackwardStep*>& st
   const double a4 = kTolFp32Backward.atol;
   for (const wsq::BackwardStep* s : steps)
     for (wsq::DqMode mode : {wsq::DqMode::Atomic, wsq::DqMode::Deterministic}) {
-      INFO("step ", s->name, ", dQ mode ", mode == wsq::DqMode::Atomic ? "Atomic" : "Deterministic");
+      const std::string mode_name = mode == wsq::DqMode::Atomic ? "Atomic" : "Deterministic";
+      INFO("step ", std::string(s->name), ", dQ mode ", mode_name);
       dev.run(*s, mode);
       const std::vector<float> dq = dev.dq.download(), dk = dev.dk.download(), dv = dev.dv.download();
       expect(wsq_bwd_testing::check(dq, c.rdq, c.bound_dq), "dQ vs fp64", c.bound_dq);
