@@ -47,13 +47,13 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
   static_assert(kMTiles == kWarps, "warp w rescales the O~ rows of m-tile w: as many m-tiles as warps");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + Br * D;
-  T* sV = sK + Bc * D;
-  T* sP = sV + Bc * D;
-  float* sO = reinterpret_cast<float*>(sP + Br * Bc);  // O~_i [Br][D], shared by all warps
-  float* sMax = sO + Br * D;                           // [kWarps][Br] partial row maxima
-  float* sSum = sMax + kWarps * Br;                    // [kWarps][Br] partial row sums (at the end)
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + Br * D;
+  T* Vs = Ks + Bc * D;
+  T* Ps = Vs + Bc * D;
+  float* Os = reinterpret_cast<float*>(Ps + Br * Bc);  // O~_i [Br][D], shared by all warps
+  float* m_parts = Os + Br * D;                           // [kWarps][Br] partial row maxima
+  float* l_parts = m_parts + kWarps * Br;                    // [kWarps][Br] partial row sums (at the end)
 
   const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
   const T* K = k + p.kv_offset(b, p.kv_head_of(h));
   const T* V = v + p.kv_offset(b, p.kv_head_of(h));
 
-  load_tile<T, Br, D, kThreads>(sQ, Q, i0, p.q_len);  // line 1
-  for (int x = threadIdx.x; x < Br * D; x += kThreads) sO[x] = 0.f;  // line 2
+  load_tile<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 1
+  for (int x = threadIdx.x; x < Br * D; x += kThreads) Os[x] = 0.f;  // line 2
   __syncthreads();
 
   float m[kMTiles][2], l[kMTiles][2];  // rows 16 mt + g + 8r; l: this warp's keys only
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
 
   for (int j0 = 0; j0 < kv_end; j0 += Bc) {  // line 3
     __syncthreads();                          // barrier 1: the previous tile's reads and O~ additions are done
-    load_tile<T, Bc, D, kThreads>(sK, K, j0, p.kv_len);  // line 4
-    load_tile<T, Bc, D, kThreads>(sV, V, j0, p.kv_len);
+    load_tile<T, Bc, D, kThreads>(Ks, K, j0, p.kv_len);  // line 4
+    load_tile<T, Bc, D, kThreads>(Vs, V, j0, p.kv_len);
     __syncthreads();  // barrier 2
 
     float s[kMTiles][2][4] = {};  // line 5: all rows x this warp's 16 keys (two n-tiles)
@@ -85,13 +85,13 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
         uint32_t qa[4];
         for (int r = 0; r < 4; ++r) {
           const frag::RowCol e = frag::a_elem(lane, 2 * r);
-          qa[r] = lds32(sQ + (16 * mt + e.row) * D + 16 * kk + e.col);
+          qa[r] = lds32(Qs + (16 * mt + e.row) * D + 16 * kk + e.col);
         }
         for (int n = 0; n < 2; ++n) {
           uint32_t kb[2];
           for (int r = 0; r < 2; ++r) {
             const frag::RowCol e = frag::b_elem(lane, 2 * r);
-            kb[r] = lds32(sK + (key0 + 8 * n + e.col) * D + 16 * kk + e.row);
+            kb[r] = lds32(Ks + (key0 + 8 * n + e.col) * D + 16 * kk + e.row);
           }
           mma_16816<T>(s[mt][n], qa, kb);
         }
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
         float mx = -INFINITY;
         for (int n = 0; n < 2; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
         mx = quad_max(mx);
-        if (t == 0) sMax[warp * Br + 16 * mt + g + 8 * r] = mx;
+        if (t == 0) m_parts[warp * Br + 16 * mt + g + 8 * r] = mx;
       }
     __syncthreads();  // barrier 3: every warp's maxima are in
 
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
       for (int r = 0; r < 2; ++r) {
         const int row = 16 * mt + g + 8 * r;
         float m_new = m[mt][r];
-        for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, sMax[w * Br + row]);
+        for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, m_parts[w * Br + row]);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
         const float alpha = expf(m[mt][r] - m_use);
         float sum = 0.f;
@@ -126,12 +126,12 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
           float* c = s[mt][n] + 2 * r;
           c[0] = expf(c[0] - m_use), c[1] = expf(c[1] - m_use);
           sum += c[0] + c[1];
-          *reinterpret_cast<uint32_t*>(sP + row * Bc + key0 + 8 * n + 2 * t) = pack2<T>(c[0], c[1]);
+          *reinterpret_cast<uint32_t*>(Ps + row * Bc + key0 + 8 * n + 2 * t) = pack2<T>(c[0], c[1]);
         }
         l[mt][r] = alpha * l[mt][r] + sum;  // line 7
         m[mt][r] = m_new;
         if (mt == warp)  // line 8, first half: warp w rescales the O~ rows of m-tile w, 4 lanes per row
-          for (int col = t; col < D; col += 4) sO[row * D + col] *= alpha;
+          for (int col = t; col < D; col += 4) Os[row * D + col] *= alpha;
       }
     __syncthreads();  // barrier 4: O~ rescaled everywhere before any warp adds to it
 
@@ -139,20 +139,20 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
       uint32_t pa[4];
       for (int r = 0; r < 4; ++r) {
         const frag::RowCol e = frag::a_elem(lane, 2 * r);
-        pa[r] = lds32(sP + (16 * mt + e.row) * Bc + key0 + e.col);
+        pa[r] = lds32(Ps + (16 * mt + e.row) * Bc + key0 + e.col);
       }
       for (int n = 0; n < kTilesO; ++n) {
         uint32_t vb[2];
         for (int r = 0; r < 2; ++r) {
           const frag::RowCol e = frag::b_elem(lane, 2 * r);
-          const T* at = sV + (key0 + e.row) * D + 8 * n + e.col;
+          const T* at = Vs + (key0 + e.row) * D + 8 * n + e.col;
           vb[r] = pack2_bits(at[0], at[D]);
         }
         float part[4] = {};
         mma_16816<T>(part, pa, vb);
         for (int e = 0; e < 4; ++e) {
           const frag::RowCol c = frag::c_elem(lane, e);
-          atomicAdd(sO + (16 * mt + c.row) * D + 8 * n + c.col, part[e]);
+          atomicAdd(Os + (16 * mt + c.row) * D + 8 * n + c.col, part[e]);
         }
       }
     }
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
   for (int mt = 0; mt < kMTiles; ++mt)  // line 9: the l_w of all warps are added
     for (int r = 0; r < 2; ++r) {
       const float lw = quad_sum(l[mt][r]);
-      if (t == 0) sSum[warp * Br + 16 * mt + g + 8 * r] = lw;
+      if (t == 0) l_parts[warp * Br + 16 * mt + g + 8 * r] = lw;
     }
   __syncthreads();
   for (int x = threadIdx.x; x < Br * D / 2; x += kThreads) {
@@ -169,10 +169,10 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
     const int i = i0 + row;
     if (i >= p.q_len) continue;
     float l_row = 0.f;
-    for (int w = 0; w < kWarps; ++w) l_row += sSum[w * Br + row];
+    for (int w = 0; w < kWarps; ++w) l_row += l_parts[w * Br + row];
     const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;
     *reinterpret_cast<uint32_t*>(o + p.q_offset(b, h) + size_t(i) * D + col) =
-        pack2<T>(sO[row * D + col] * inv_l, sO[row * D + col + 1] * inv_l);
+        pack2<T>(Os[row * D + col] * inv_l, Os[row * D + col + 1] * inv_l);
   }
   if (warp == 0 && t == 0)  // every warp holds m for every row; warp 0 writes L
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(Bc / 16 * 32, 1)
         const int row = 16 * mt + g + 8 * r, i = i0 + row;
         if (i >= p.q_len) continue;
         float l_row = 0.f;
-        for (int w = 0; w < kWarps; ++w) l_row += sSum[w * Br + row];
+        for (int w = 0; w < kWarps; ++w) l_row += l_parts[w * Br + row];
         lse[p.lse_offset(b, h) + i] = l_row > 0.f ? m[mt][r] + logf(l_row) : -INFINITY;
       }
 }

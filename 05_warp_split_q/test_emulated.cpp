@@ -2,8 +2,8 @@
 // instructions computed from the PTX ISA's rules): every step x fp16/bf16 x head_dim 64/128 on small ragged
 // shapes, causal with rows that see no key, GQA, large logits, outputs NaN-poisoned, judged by the same rule
 // as the GPU tests (check.hpp). This is what lets the chapter's index arithmetic, masks, buffers and barriers
-// be tested on a machine without a GPU; it says nothing about speed, and cannot see races or the asynchrony
-// of cp.async (the sanitizer runs on a GPU cover those).
+// be tested on a machine without a GPU (cp.async copies land only at the wait that allows them, so a missing
+// wait shows too); it says nothing about speed and cannot see races between warps (the GPU sanitizer runs do).
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -106,16 +106,16 @@ TEST_CASE("one warp: ldmatrix + mma from the kernels' address maps equals the pl
       const int rows = 16, keys = 16;
       const std::vector<float> Q = random_matrix(rows, D, 1), K = random_matrix(keys, D, 2),
                                V = random_matrix(keys, D, 3);
-      const Smem sQ = to_smem(Q, rows, D, swz), sK = to_smem(K, keys, D, swz), sV = to_smem(V, keys, D, swz);
+      const Smem Qs = to_smem(Q, rows, D, swz), Ks = to_smem(K, keys, D, swz), Vs = to_smem(V, keys, D, swz);
       // S (16 x 16 = two n-tiles) = sum over k-steps kk of A(Q, kk) B(K, kk)
       std::array<std::array<float, 4>, kLanes> S[2] = {};
       for (int kk = 0; kk < D / 16; ++kk) {
         std::array<int, kLanes> qa, ka;
         for (int L = 0; L < kLanes; ++L) {
-          qa[L] = sQ.off(a_tile_row(L), 16 * kk + a_tile_col(L));
-          ka[L] = sK.off(nk_tile_row(L), 16 * kk + nk_tile_col(L));
+          qa[L] = Qs.off(a_tile_row(L), 16 * kk + a_tile_col(L));
+          ka[L] = Ks.off(nk_tile_row(L), 16 * kk + nk_tile_col(L));
         }
-        const auto qf = ldmatrix_x4(sQ, qa, false), kf = ldmatrix_x4(sK, ka, false);
+        const auto qf = ldmatrix_x4(Qs, qa, false), kf = ldmatrix_x4(Ks, ka, false);
         for (int n = 0; n < 2; ++n) {
           const auto part = mma(qf, kf, 2 * n);
           for (int L = 0; L < kLanes; ++L)
@@ -140,8 +140,8 @@ TEST_CASE("one warp: ldmatrix + mma from the kernels' address maps equals the pl
           for (int e = 0; e < 2; ++e) pf[L][r][e] = S[p_from_s_ntile(r)][L][p_from_s_celem(r) + e];
       for (int np = 0; np < D / 16; ++np) {
         std::array<int, kLanes> va;
-        for (int L = 0; L < kLanes; ++L) va[L] = sV.off(a_tile_row(L), 16 * np + a_tile_col(L));
-        const auto vf = ldmatrix_x4(sV, va, true);
+        for (int L = 0; L < kLanes; ++L) va[L] = Vs.off(a_tile_row(L), 16 * np + a_tile_col(L));
+        const auto vf = ldmatrix_x4(Vs, va, true);
         for (int n = 0; n < 2; ++n) {
           const auto O = mma(pf, vf, 2 * n);
           for (int L = 0; L < kLanes; ++L)
@@ -173,7 +173,7 @@ TEST_CASE("step 1's plain loads: the kernels' offsets give the A and B fragments
   const std::vector<float> Q = random_matrix(16, D, 4), K = random_matrix(8, D, 5);
   for (int L = 0; L < kLanes; ++L)
     for (int r = 0; r < 2; ++r) {
-      const RowCol e = b_elem(L, 2 * r);  // kernel: sK[(8n + e.col) D + 16 kk + e.row], two adjacent values
+      const RowCol e = b_elem(L, 2 * r);  // kernel: Ks[(8n + e.col) D + 16 kk + e.row], two adjacent values
       CHECK(b_elem(L, 2 * r + 1).row == e.row + 1);
       CHECK(K[size_t(e.col) * D + e.row] == K[size_t(b_elem(L, 2 * r).col) * D + b_elem(L, 2 * r).row]);
       const RowCol a = a_elem(L, 2 * r);

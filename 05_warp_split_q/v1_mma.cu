@@ -48,10 +48,10 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
   static_assert(Br % 16 == 0 && Bc % 16 == 0 && D % 16 == 0, "tiles are whole 16x16 mma steps");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + Br * D;
-  T* sV = sK + Bc * D;
-  T* sP = sV + Bc * D;
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + Br * D;
+  T* Vs = Ks + Bc * D;
+  T* Ps = Vs + Bc * D;
 
   const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -61,13 +61,13 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
   const T* K = k + p.kv_offset(b, p.kv_head_of(h));
   const T* V = v + p.kv_offset(b, p.kv_head_of(h));
 
-  load_tile<T, Br, D, kThreads>(sQ, Q, i0, p.q_len);  // line 1
+  load_tile<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 1
   __syncthreads();
   uint32_t qf[kStepsQK][4];
   for (int kk = 0; kk < kStepsQK; ++kk)
     for (int r = 0; r < 4; ++r) {
       const frag::RowCol e = frag::a_elem(lane, 2 * r);
-      qf[kk][r] = lds32(sQ + (wr + e.row) * D + 16 * kk + e.col);
+      qf[kk][r] = lds32(Qs + (wr + e.row) * D + 16 * kk + e.col);
     }
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2: rows g and g + 8 of the warp
@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
 
   for (int j0 = 0; j0 < kv_end; j0 += Bc) {  // line 3
     __syncthreads();                          // every warp is done with the previous K_j, V_j
-    load_tile<T, Bc, D, kThreads>(sK, K, j0, p.kv_len);  // line 4
-    load_tile<T, Bc, D, kThreads>(sV, V, j0, p.kv_len);
+    load_tile<T, Bc, D, kThreads>(Ks, K, j0, p.kv_len);  // line 4
+    load_tile<T, Bc, D, kThreads>(Vs, V, j0, p.kv_len);
     __syncthreads();
 
     float s[kTilesS][4] = {};  // line 5
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
         uint32_t kb[2];
         for (int r = 0; r < 2; ++r) {
           const frag::RowCol e = frag::b_elem(lane, 2 * r);  // B[k][n] = K[n][k]: two adjacent dims of one key
-          kb[r] = lds32(sK + (8 * n + e.col) * D + 16 * kk + e.row);
+          kb[r] = lds32(Ks + (8 * n + e.col) * D + 16 * kk + e.row);
         }
         mma_16816<T>(s[n], qf[kk], kb);
       }
@@ -120,20 +120,20 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
     for (int n = 0; n < kTilesS; ++n)
       for (int r = 0; r < 2; ++r) {
         const frag::RowCol c = frag::c_elem(lane, 2 * r);
-        *reinterpret_cast<uint32_t*>(sP + (wr + c.row) * Bc + 8 * n + c.col) = pack2<T>(s[n][2 * r], s[n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(Ps + (wr + c.row) * Bc + 8 * n + c.col) = pack2<T>(s[n][2 * r], s[n][2 * r + 1]);
       }
     __syncwarp();
     for (int kk = 0; kk < kStepsPV; ++kk) {
       uint32_t pf[4];
       for (int r = 0; r < 4; ++r) {
         const frag::RowCol e = frag::a_elem(lane, 2 * r);
-        pf[r] = lds32(sP + (wr + e.row) * Bc + 16 * kk + e.col);
+        pf[r] = lds32(Ps + (wr + e.row) * Bc + 16 * kk + e.col);
       }
       for (int n = 0; n < kTilesO; ++n) {
         uint32_t vb[2];
         for (int r = 0; r < 2; ++r) {  // B[k][n] = V[k][n]: two keys of one column, 16-bit loads
           const frag::RowCol e = frag::b_elem(lane, 2 * r);
-          const T* at = sV + (16 * kk + e.row) * D + 8 * n + e.col;
+          const T* at = Vs + (16 * kk + e.row) * D + 8 * n + e.col;
           vb[r] = pack2_bits(at[0], at[D]);
         }
         mma_16816<T>(acc[n], pf, vb);

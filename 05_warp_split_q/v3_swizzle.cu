@@ -52,10 +52,10 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
   static_assert(D % 64 == 0 && Bc % 64 == 0, "the swizzle permutes 8 chunks: rows must be multiples of 8 chunks");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + Br * D;
-  T* sV = sK + Bc * D;
-  T* sP = sV + Bc * D;
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + Br * D;
+  T* Vs = Ks + Bc * D;
+  T* Ps = Vs + Bc * D;
 
   const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -65,11 +65,11 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
   const T* K = k + p.kv_offset(b, p.kv_head_of(h));
   const T* V = v + p.kv_offset(b, p.kv_head_of(h));
 
-  load_tile<T, Br, D, kThreads>(sQ, Q, i0, p.q_len);  // line 1
+  load_tile<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 1
   __syncthreads();
   uint32_t qf[kStepsQK][4];
   for (int kk = 0; kk < kStepsQK; ++kk)
-    ldmatrix_x4(qf[kk], sQ + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), D));
+    ldmatrix_x4(qf[kk], Qs + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), D));
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2: rows g and g + 8 of the warp
   float acc[kTilesO][4] = {};
@@ -78,15 +78,15 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
 
   for (int j0 = 0; j0 < kv_end; j0 += Bc) {  // line 3
     __syncthreads();                          // every warp is done with the previous K_j, V_j
-    load_tile<T, Bc, D, kThreads>(sK, K, j0, p.kv_len);  // line 4
-    load_tile<T, Bc, D, kThreads>(sV, V, j0, p.kv_len);
+    load_tile<T, Bc, D, kThreads>(Ks, K, j0, p.kv_len);  // line 4
+    load_tile<T, Bc, D, kThreads>(Vs, V, j0, p.kv_len);
     __syncthreads();
 
     float s[kTilesS][4] = {};  // line 5
     for (int np = 0; np < kTilesS / 2; ++np)  // two n-tiles (16 keys) per ldmatrix.x4
       for (int kk = 0; kk < kStepsQK; ++kk) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, sK + frag::swizzled(16 * np + frag::nk_tile_row(lane), 16 * kk + frag::nk_tile_col(lane), D));
+        ldmatrix_x4(kb, Ks + frag::swizzled(16 * np + frag::nk_tile_row(lane), 16 * kk + frag::nk_tile_col(lane), D));
         mma_16816<T>(s[2 * np], qf[kk], kb);
         mma_16816<T>(s[2 * np + 1], qf[kk], kb + 2);
       }
@@ -119,15 +119,15 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
     for (int n = 0; n < kTilesS; ++n)
       for (int r = 0; r < 2; ++r) {
         const frag::RowCol c = frag::c_elem(lane, 2 * r);
-        *reinterpret_cast<uint32_t*>(sP + frag::swizzled(wr + c.row, 8 * n + c.col, Bc)) = pack2<T>(s[n][2 * r], s[n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(Ps + frag::swizzled(wr + c.row, 8 * n + c.col, Bc)) = pack2<T>(s[n][2 * r], s[n][2 * r + 1]);
       }
     __syncwarp();
     for (int kk = 0; kk < kStepsPV; ++kk) {
       uint32_t pf[4];
-      ldmatrix_x4(pf, sP + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), Bc));
+      ldmatrix_x4(pf, Ps + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), Bc));
       for (int np = 0; np < kTilesO / 2; ++np) {  // B[k][n] = V[k][n]: .trans turns V's rows into B columns
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, sV + frag::swizzled(16 * kk + frag::a_tile_row(lane), 16 * np + frag::a_tile_col(lane), D));
+        ldmatrix_x4_trans(vb, Vs + frag::swizzled(16 * kk + frag::a_tile_row(lane), 16 * np + frag::a_tile_col(lane), D));
         mma_16816<T>(acc[2 * np], pf, vb);
         mma_16816<T>(acc[2 * np + 1], pf, vb + 2);
       }

@@ -55,10 +55,10 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
   static_assert(D % 64 == 0 && Bc % 64 == 0, "the swizzle permutes 8 chunks: rows must be multiples of 8 chunks");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + Br * D;              // kStages buffers of [Bc][D]
-  T* sV = sK + kStages * Bc * D;    // kStages buffers of [Bc][D]
-  T* sP = sV + kStages * Bc * D;
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + Br * D;              // kStages buffers of [Bc][D]
+  T* Vs = Ks + kStages * Bc * D;    // kStages buffers of [Bc][D]
+  T* Ps = Vs + kStages * Bc * D;
 
   const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -70,17 +70,17 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
 
   const int kv_end = p.visible_keys(min(i0 + Br, p.q_len) - 1);  // causal: blocks past the diagonal skipped
   const int n_tiles = (kv_end + Bc - 1) / Bc;
-  load_tile_async<T, Br, D, kThreads>(sQ, Q, i0, p.q_len);  // line 1, and tile 0 of K and V into buffer 0
+  load_tile_async<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 1, and tile 0 of K and V into buffer 0
   if (n_tiles > 0) {
-    load_tile_async<T, Bc, D, kThreads>(sK, K, 0, p.kv_len);
-    load_tile_async<T, Bc, D, kThreads>(sV, V, 0, p.kv_len);
+    load_tile_async<T, Bc, D, kThreads>(Ks, K, 0, p.kv_len);
+    load_tile_async<T, Bc, D, kThreads>(Vs, V, 0, p.kv_len);
   }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   uint32_t qf[kStepsQK][4];
   for (int kk = 0; kk < kStepsQK; ++kk)
-    ldmatrix_x4(qf[kk], sQ + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), D));
+    ldmatrix_x4(qf[kk], Qs + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), D));
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2: rows g and g + 8 of the warp
   float acc[kTilesO][4] = {};
@@ -90,20 +90,20 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
     const int j0 = tile * Bc;
     if (tile + 1 < n_tiles) {  // line 4 of the next tile, into the other buffer
       const int next = (tile + 1) % kStages;
-      load_tile_async<T, Bc, D, kThreads>(sK + next * Bc * D, K, j0 + Bc, p.kv_len);
-      load_tile_async<T, Bc, D, kThreads>(sV + next * Bc * D, V, j0 + Bc, p.kv_len);
+      load_tile_async<T, Bc, D, kThreads>(Ks + next * Bc * D, K, j0 + Bc, p.kv_len);
+      load_tile_async<T, Bc, D, kThreads>(Vs + next * Bc * D, V, j0 + Bc, p.kv_len);
     }
     cp_async_commit();   // possibly an empty group, so that the wait below always means "all but the newest"
     cp_async_wait<1>();  // this thread's copies of tile j have landed ...
     __syncthreads();     // ... and every other thread's too
-    const T* sKj = sK + (tile % kStages) * Bc * D;
-    const T* sVj = sV + (tile % kStages) * Bc * D;
+    const T* Ks_j = Ks + (tile % kStages) * Bc * D;
+    const T* Vs_j = Vs + (tile % kStages) * Bc * D;
 
     float s[kTilesS][4] = {};  // line 5
     for (int np = 0; np < kTilesS / 2; ++np)  // two n-tiles (16 keys) per ldmatrix.x4
       for (int kk = 0; kk < kStepsQK; ++kk) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, sKj + frag::swizzled(16 * np + frag::nk_tile_row(lane), 16 * kk + frag::nk_tile_col(lane), D));
+        ldmatrix_x4(kb, Ks_j + frag::swizzled(16 * np + frag::nk_tile_row(lane), 16 * kk + frag::nk_tile_col(lane), D));
         mma_16816<T>(s[2 * np], qf[kk], kb);
         mma_16816<T>(s[2 * np + 1], qf[kk], kb + 2);
       }
@@ -136,15 +136,15 @@ __global__ void __launch_bounds__(Br / 16 * 32, 1)
     for (int n = 0; n < kTilesS; ++n)
       for (int r = 0; r < 2; ++r) {
         const frag::RowCol c = frag::c_elem(lane, 2 * r);
-        *reinterpret_cast<uint32_t*>(sP + frag::swizzled(wr + c.row, 8 * n + c.col, Bc)) = pack2<T>(s[n][2 * r], s[n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(Ps + frag::swizzled(wr + c.row, 8 * n + c.col, Bc)) = pack2<T>(s[n][2 * r], s[n][2 * r + 1]);
       }
     __syncwarp();
     for (int kk = 0; kk < kStepsPV; ++kk) {
       uint32_t pf[4];
-      ldmatrix_x4(pf, sP + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), Bc));
+      ldmatrix_x4(pf, Ps + frag::swizzled(wr + frag::a_tile_row(lane), 16 * kk + frag::a_tile_col(lane), Bc));
       for (int np = 0; np < kTilesO / 2; ++np) {  // B[k][n] = V[k][n]: .trans turns V's rows into B columns
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, sVj + frag::swizzled(16 * kk + frag::a_tile_row(lane), 16 * np + frag::a_tile_col(lane), D));
+        ldmatrix_x4_trans(vb, Vs_j + frag::swizzled(16 * kk + frag::a_tile_row(lane), 16 * np + frag::a_tile_col(lane), D));
         mma_16816<T>(acc[2 * np], pf, vb);
         mma_16816<T>(acc[2 * np + 1], pf, vb + 2);
       }

@@ -3,8 +3,8 @@
 // every GPU thread of a block is a context of its own (below); __syncthreads is a barrier of the block; the
 // warp-wide instructions (shuffles, ldmatrix, mma.sync) exchange values through a per-warp table and a barrier
 // of the warp's 32 threads, and compute what the PTX ISA defines (the rules are written out below,
-// independently of frag.hpp); cp.async copies at once (a legal schedule of an asynchronous copy). Blocks run
-// one after another.
+// independently of frag.hpp); cp.async copies as late as the wait_group rules allow. Blocks run one after
+// another.
 // The GPU threads are not OS threads but cooperative contexts (ucontext) on one OS thread, run in lockstep:
 // a thread that reaches a warp barrier hands over to the next lane of its warp (lane 31 to lane 0, which then
 // finds the barrier complete), one that reaches __syncthreads to the next thread of the block. This is exact
@@ -101,6 +101,14 @@ inline void block_barrier() { switch_to((int(thread_idx.x) + 1) % n_threads); }
 constexpr int kMaxWarps = 8;
 inline std::array<std::array<std::array<uint64_t, 8>, 32>, kMaxWarps> slots{};  // what each lane puts on the table
 inline std::array<std::array<uint64_t, 8>, 32>& my_slots() { return slots[thread_idx.x / 32]; }
+
+struct Copy {  // a pending cp.async
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline std::array<std::vector<Copy>, 32 * kMaxWarps> open_group;              // per thread, not yet committed
+inline std::array<std::vector<std::vector<Copy>>, 32 * kMaxWarps> committed;  // per thread, oldest first
 
 }  // namespace emu
 
@@ -223,13 +231,26 @@ inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   }
 }
 
+// cp.async at its latest legal moment: a copy lands only when a cp.async.wait_group lets its group complete,
+// so a kernel that reads a buffer before waiting for it reads the previous tile (or garbage) and fails.
 inline void cp_async_16(void* dst, const void* src, bool valid) {
-  if (valid) std::memcpy(dst, src, 16);
-  else std::memset(dst, 0, 16);
+  emu::open_group[threadIdx.x].push_back({dst, src, valid});
 }
-inline void cp_async_commit() {}
+inline void cp_async_commit() {
+  emu::committed[threadIdx.x].push_back(std::move(emu::open_group[threadIdx.x]));
+  emu::open_group[threadIdx.x].clear();
+}
 template <int n>
-inline void cp_async_wait() {}
+inline void cp_async_wait() {
+  auto& groups = emu::committed[threadIdx.x];
+  while (groups.size() > size_t(n)) {
+    for (const emu::Copy& c : groups.front()) {
+      if (c.valid) std::memcpy(c.dst, c.src, 16);
+      else std::memset(c.dst, 0, 16);
+    }
+    groups.erase(groups.begin());
+  }
+}
 
 // The kernels' `extern __shared__ unsigned char smem[]` is this array (each kernel file is compiled in its own
 // translation unit, with its own copy); blocks run one after another, so one buffer serves them all.
@@ -250,6 +271,8 @@ void launch(Kernel<T> kernel, int Br, int threads, size_t smem_bytes, const fa::
     for (int by = 0; by < p.heads; ++by)
       for (int bx = 0; bx < gx; ++bx) {
         std::memset(smem, 0xA5, smem_bytes);  // garbage, like real shared memory
+        for (auto& g : emu::committed) g.clear();
+        for (auto& g : emu::open_group) g.clear();
         static const fa::Problem* pp;
         static Kernel<T> kk;
         static const T *qq, *kp, *vv;
