@@ -45,11 +45,11 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int row0, int n_
 
 // L_i and D_i of rows [i0, i0 + Rows) -> shared (0 past q_len: those rows are masked anyway).
 template <int Rows, int Threads>
-__device__ __forceinline__ void load_stats(float* sL, float* sD, const float* L, const float* Dv, int i0, int q_len) {
+__device__ __forceinline__ void load_stats(float* Ls, float* Ds, const float* L, const float* Dv, int i0, int q_len) {
   for (int r = threadIdx.x; r < Rows; r += Threads) {
     const bool in = i0 + r < q_len;
-    sL[r] = in ? L[i0 + r] : 0.f;
-    sD[r] = in ? Dv[i0 + r] : 0.f;
+    Ls[r] = in ? L[i0 + r] : 0.f;
+    Ds[r] = in ? Dv[i0 + r] : 0.f;
   }
 }
 

@@ -33,10 +33,10 @@ __global__ void __launch_bounds__(DqTile::kThreads)
   constexpr int kTilesD = D / 8;    // n-tiles of dQ (8 columns each)
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + Br * kLd;
-  T* sK = sdO + Br * kLd;
-  T* sV = sK + Bc * kLd;
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* dOs = Qs + Br * kLd;
+  T* Ks = dOs + Br * kLd;
+  T* Vs = Ks + Bc * kLd;
 
   const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z, hk = p.kv_head_of(h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(DqTile::kThreads)
   const T* K = k + p.kv_offset(b, hk);
   const T* V = v + p.kv_offset(b, hk);
 
-  load_tile<T, Br, D, kThreads>(sQ, q + p.q_offset(b, h), i0, p.q_len);  // line 11
-  load_tile<T, Br, D, kThreads>(sdO, dout + p.q_offset(b, h), i0, p.q_len);
+  load_tile<T, Br, D, kThreads>(Qs, q + p.q_offset(b, h), i0, p.q_len);  // line 11
+  load_tile<T, Br, D, kThreads>(dOs, dout + p.q_offset(b, h), i0, p.q_len);
   float L[2], Di[2];  // rows g and g + 8 of the warp's C fragments
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -59,21 +59,21 @@ __global__ void __launch_bounds__(DqTile::kThreads)
   const int kv_end = p.visible_keys(min(i0 + Br, p.q_len) - 1);
   for (int j0 = 0; j0 < kv_end; j0 += Bc) {  // line 12
     __syncthreads();                          // every warp is done with the previous K_j, V_j
-    load_tile<T, Bc, D, kThreads>(sK, K, j0, p.kv_len);  // line 13
-    load_tile<T, Bc, D, kThreads>(sV, V, j0, p.kv_len);
+    load_tile<T, Bc, D, kThreads>(Ks, K, j0, p.kv_len);  // line 13
+    load_tile<T, Bc, D, kThreads>(Vs, V, j0, p.kv_len);
     __syncthreads();
 
     float s[kTilesK][4] = {}, dp[kTilesK][4] = {};  // line 14
 #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk) {
       uint32_t qa[4], doa[4];
-      ldm<Operand::A_mk>(qa, sQ + wr * kLd + 16 * kk, kLd, lane);
-      ldm<Operand::A_mk>(doa, sdO + wr * kLd + 16 * kk, kLd, lane);
+      ldm<Operand::A_mk>(qa, Qs + wr * kLd + 16 * kk, kLd, lane);
+      ldm<Operand::A_mk>(doa, dOs + wr * kLd + 16 * kk, kLd, lane);
 #pragma unroll
       for (int np = 0; np < kTilesK / 2; ++np) {
         uint32_t kb[4], vb[4];
-        ldm<Operand::B_nk>(kb, sK + 16 * np * kLd + 16 * kk, kLd, lane);
-        ldm<Operand::B_nk>(vb, sV + 16 * np * kLd + 16 * kk, kLd, lane);
+        ldm<Operand::B_nk>(kb, Ks + 16 * np * kLd + 16 * kk, kLd, lane);
+        ldm<Operand::B_nk>(vb, Vs + 16 * np * kLd + 16 * kk, kLd, lane);
         mma_16816<T>(s[2 * np], qa, kb), mma_16816<T>(s[2 * np + 1], qa, kb + 2);
         mma_16816<T>(dp[2 * np], doa, vb), mma_16816<T>(dp[2 * np + 1], doa, vb + 2);
       }
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(DqTile::kThreads)
 #pragma unroll
       for (int np = 0; np < kTilesD / 2; ++np) {
         uint32_t kb[4];
-        ldm<Operand::B_kn>(kb, sK + 16 * kk * kLd + 16 * np, kLd, lane);
+        ldm<Operand::B_kn>(kb, Ks + 16 * kk * kLd + 16 * np, kLd, lane);
         mma_16816<T>(acc[2 * np], dsa, kb), mma_16816<T>(acc[2 * np + 1], dsa, kb + 2);
       }
     }

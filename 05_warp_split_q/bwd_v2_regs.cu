@@ -44,21 +44,21 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
                 "dQ_i must split into whole 16-row x 16-column pieces, one set per warp");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + Bc * kLd;
-  T* sQ = sV + Bc * kLd;
-  T* sdO = sQ + Br * kLd;
-  T* sdSt = sdO + Br * kLd;  // dS^T [key][query], for dQ
-  float* sL = reinterpret_cast<float*>(sdSt + Bc * kLdS);
-  float* sD = sL + Br;
+  T* Ks = reinterpret_cast<T*>(smem);
+  T* Vs = Ks + Bc * kLd;
+  T* Qs = Vs + Bc * kLd;
+  T* dOs = Qs + Br * kLd;
+  T* dSts = dOs + Br * kLd;  // dS^T [key][query], for dQ
+  float* Ls = reinterpret_cast<float*>(dSts + Bc * kLdS);
+  float* Ds = Ls + Br;
 
   const int j0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kw = 16 * warp;  // the warp's first key in the block
   const float tau = p.softmax_scale();
 
-  bwd::load_tile<T, Bc, D, kThreads>(sK, k + p.kv_offset(b, hk), j0, p.kv_len);  // line 1
-  bwd::load_tile<T, Bc, D, kThreads>(sV, v + p.kv_offset(b, hk), j0, p.kv_len);
+  bwd::load_tile<T, Bc, D, kThreads>(Ks, k + p.kv_offset(b, hk), j0, p.kv_len);  // line 1
+  bwd::load_tile<T, Bc, D, kThreads>(Vs, v + p.kv_offset(b, hk), j0, p.kv_len);
   float dK[kTilesD][4] = {}, dV[kTilesD][4] = {};
 
   const int i_first = p.first_query_seeing(j0) / Br * Br;
@@ -68,22 +68,22 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
     const T* dO = dout + p.q_offset(b, h);
     for (int i0 = i_first; i0 < p.q_len; i0 += Br) {  // line 3
       __syncthreads();  // every warp is done with the previous Q_i, dO_i, dS^T (K_j, V_j are loaded)
-      bwd::load_tile<T, Br, D, kThreads>(sQ, Q, i0, p.q_len);  // line 4
-      bwd::load_tile<T, Br, D, kThreads>(sdO, dO, i0, p.q_len);
-      bwd::load_stats<Br, kThreads>(sL, sD, lse + p.lse_offset(b, h), Dv + p.lse_offset(b, h), i0, p.q_len);
+      bwd::load_tile<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 4
+      bwd::load_tile<T, Br, D, kThreads>(dOs, dO, i0, p.q_len);
+      bwd::load_stats<Br, kThreads>(Ls, Ds, lse + p.lse_offset(b, h), Dv + p.lse_offset(b, h), i0, p.q_len);
       __syncthreads();
 
       float st[kTilesQ][4] = {}, dpt[kTilesQ][4] = {};  // line 5
 #pragma unroll
       for (int kk = 0; kk < kStepsD; ++kk) {
         uint32_t ka[4], va[4];
-        bwd::ldm<Operand::A_mk>(ka, sK + kw * kLd + 16 * kk, kLd, lane);
-        bwd::ldm<Operand::A_mk>(va, sV + kw * kLd + 16 * kk, kLd, lane);
+        bwd::ldm<Operand::A_mk>(ka, Ks + kw * kLd + 16 * kk, kLd, lane);
+        bwd::ldm<Operand::A_mk>(va, Vs + kw * kLd + 16 * kk, kLd, lane);
 #pragma unroll
         for (int np = 0; np < kTilesQ / 2; ++np) {
           uint32_t qb[4], dob[4];
-          bwd::ldm<Operand::B_nk>(qb, sQ + 16 * np * kLd + 16 * kk, kLd, lane);
-          bwd::ldm<Operand::B_nk>(dob, sdO + 16 * np * kLd + 16 * kk, kLd, lane);
+          bwd::ldm<Operand::B_nk>(qb, Qs + 16 * np * kLd + 16 * kk, kLd, lane);
+          bwd::ldm<Operand::B_nk>(dob, dOs + 16 * np * kLd + 16 * kk, kLd, lane);
           mma_16816<T>(st[2 * np], ka, qb), mma_16816<T>(st[2 * np + 1], ka, qb + 2);
           mma_16816<T>(dpt[2 * np], va, dob), mma_16816<T>(dpt[2 * np + 1], va, dob + 2);
         }
@@ -97,9 +97,9 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
           const frag::RowCol c = frag::c_elem(lane, e);  // row: key kw + c.row, column: query 8n + c.col
           const int il = 8 * n + c.col;
           const bool keep = !need_mask || (i0 + il < p.q_len && p.visible(i0 + il, j0 + kw + c.row));
-          const float P = keep ? expf(tau * st[n][e] - sL[il]) : 0.f;  // P from L: no m, l needed
+          const float P = keep ? expf(tau * st[n][e] - Ls[il]) : 0.f;  // P from L: no m, l needed
           st[n][e] = P;
-          dpt[n][e] = P * (dpt[n][e] - sD[il]);
+          dpt[n][e] = P * (dpt[n][e] - Ds[il]);
         }
       if constexpr (kAtomicDq) {
 #pragma unroll
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
             const frag::RowCol c = frag::c_elem(lane, e);
-            *reinterpret_cast<uint32_t*>(sdSt + (kw + c.row) * kLdS + 8 * n + c.col) =
+            *reinterpret_cast<uint32_t*>(dSts + (kw + c.row) * kLdS + 8 * n + c.col) =
                 pack2<T>(dpt[n][e], dpt[n][e + 1]);
           }
       }
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
 #pragma unroll
         for (int np = 0; np < kTilesD / 2; ++np) {
           uint32_t dob[4], qb[4];
-          bwd::ldm<Operand::B_kn>(dob, sdO + 16 * kk * kLd + 16 * np, kLd, lane);
-          bwd::ldm<Operand::B_kn>(qb, sQ + 16 * kk * kLd + 16 * np, kLd, lane);
+          bwd::ldm<Operand::B_kn>(dob, dOs + 16 * kk * kLd + 16 * np, kLd, lane);
+          bwd::ldm<Operand::B_kn>(qb, Qs + 16 * kk * kLd + 16 * np, kLd, lane);
           mma_16816<T>(dV[2 * np], pa, dob), mma_16816<T>(dV[2 * np + 1], pa, dob + 2);
           mma_16816<T>(dK[2 * np], dsa, qb), mma_16816<T>(dK[2 * np + 1], dsa, qb + 2);
         }
@@ -138,11 +138,11 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
 #pragma unroll
         for (int kk = 0; kk < kStepsK; ++kk) {
           uint32_t dsa[4];  // dS (queries x keys) from dS^T stored [key][query]: ldmatrix .trans
-          bwd::ldm<Operand::A_km>(dsa, sdSt + 16 * kk * kLdS + 16 * rt, kLdS, lane);
+          bwd::ldm<Operand::A_km>(dsa, dSts + 16 * kk * kLdS + 16 * rt, kLdS, lane);
 #pragma unroll
           for (int np = 0; np < kTilesDq / 2; ++np) {
             uint32_t kb[4];
-            bwd::ldm<Operand::B_kn>(kb, sK + 16 * kk * kLd + c0 + 16 * np, kLd, lane);
+            bwd::ldm<Operand::B_kn>(kb, Ks + 16 * kk * kLd + c0 + 16 * np, kLd, lane);
             mma_16816<T>(acc[2 * np], dsa, kb), mma_16816<T>(acc[2 * np + 1], dsa, kb + 2);
           }
         }

@@ -61,13 +61,13 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
   static_assert(Br <= kThreads, "one thread per row carries the next tile's L_i, D_i");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + Bc * kLd;
-  T* sQ2 = sV + Bc * kLd;               // kStages buffers of Q_i [Br][d+8]
-  T* sdO2 = sQ2 + kStages * Br * kLd;   // kStages buffers of dO_i
-  T* sdSt = sdO2 + kStages * Br * kLd;  // dS^T [key][query], for dQ
-  float* sL2 = reinterpret_cast<float*>(sdSt + Bc * kLdS);  // kStages buffers of L_i [Br]
-  float* sD2 = sL2 + kStages * Br;                          // kStages buffers of D_i [Br]
+  T* Ks = reinterpret_cast<T*>(smem);
+  T* Vs = Ks + Bc * kLd;
+  T* Qs2 = Vs + Bc * kLd;               // kStages buffers of Q_i [Br][d+8]
+  T* dOs2 = Qs2 + kStages * Br * kLd;   // kStages buffers of dO_i
+  T* dSts = dOs2 + kStages * Br * kLd;  // dS^T [key][query], for dQ
+  float* Ls2 = reinterpret_cast<float*>(dSts + Bc * kLdS);  // kStages buffers of L_i [Br]
+  float* Ds2 = Ls2 + kStages * Br;                          // kStages buffers of D_i [Br]
 
   const int j0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -75,12 +75,12 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
   const float tau = p.softmax_scale();
 
   const int i_first = p.first_query_seeing(j0) / Br * Br;
-  load_tile_async<T, Bc, D, kThreads>(sK, k + p.kv_offset(b, hk), j0, p.kv_len);  // line 1, and tile 0's line 4
-  load_tile_async<T, Bc, D, kThreads>(sV, v + p.kv_offset(b, hk), j0, p.kv_len);
-  load_tile_async<T, Br, D, kThreads>(sQ2, q + p.q_offset(b, hk * p.group()), i_first, p.q_len);
-  load_tile_async<T, Br, D, kThreads>(sdO2, dout + p.q_offset(b, hk * p.group()), i_first, p.q_len);
+  load_tile_async<T, Bc, D, kThreads>(Ks, k + p.kv_offset(b, hk), j0, p.kv_len);  // line 1, and tile 0's line 4
+  load_tile_async<T, Bc, D, kThreads>(Vs, v + p.kv_offset(b, hk), j0, p.kv_len);
+  load_tile_async<T, Br, D, kThreads>(Qs2, q + p.q_offset(b, hk * p.group()), i_first, p.q_len);
+  load_tile_async<T, Br, D, kThreads>(dOs2, dout + p.q_offset(b, hk * p.group()), i_first, p.q_len);
   cp_async_commit();
-  bwd::load_stats<Br, kThreads>(sL2, sD2, lse + p.lse_offset(b, hk * p.group()), Dv + p.lse_offset(b, hk * p.group()),
+  bwd::load_stats<Br, kThreads>(Ls2, Ds2, lse + p.lse_offset(b, hk * p.group()), Dv + p.lse_offset(b, hk * p.group()),
                                 i_first, p.q_len);
   float dK[kTilesD][4] = {}, dV[kTilesD][4] = {};
 
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
       const int next = (tile + 1) % kStages;
       float L_next = 0.f, D_next = 0.f;  // thread r < Br carries row r's L_i, D_i of the next tile
       if (has_next) {
-        load_tile_async<T, Br, D, kThreads>(sQ2 + next * Br * kLd, q + p.q_offset(b, h_next), i_next, p.q_len);
-        load_tile_async<T, Br, D, kThreads>(sdO2 + next * Br * kLd, dout + p.q_offset(b, h_next), i_next, p.q_len);
+        load_tile_async<T, Br, D, kThreads>(Qs2 + next * Br * kLd, q + p.q_offset(b, h_next), i_next, p.q_len);
+        load_tile_async<T, Br, D, kThreads>(dOs2 + next * Br * kLd, dout + p.q_offset(b, h_next), i_next, p.q_len);
         const int r = threadIdx.x;
         if (r < Br && i_next + r < p.q_len)
           L_next = lse[p.lse_offset(b, h_next) + i_next + r], D_next = Dv[p.lse_offset(b, h_next) + i_next + r];
@@ -103,22 +103,22 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
       cp_async_commit();   // possibly an empty group, so that the wait below always means "all but the newest"
       cp_async_wait<1>();  // this thread's copies of the current tile (and at first of K_j, V_j) have landed ...
       __syncthreads();     // ... and every other thread's too
-      const T* sQ = sQ2 + (tile % kStages) * Br * kLd;
-      const T* sdO = sdO2 + (tile % kStages) * Br * kLd;
-      const float* sL = sL2 + (tile % kStages) * Br;
-      const float* sD = sD2 + (tile % kStages) * Br;
+      const T* Qs = Qs2 + (tile % kStages) * Br * kLd;
+      const T* dOs = dOs2 + (tile % kStages) * Br * kLd;
+      const float* Ls = Ls2 + (tile % kStages) * Br;
+      const float* Ds = Ds2 + (tile % kStages) * Br;
 
       float st[kTilesQ][4] = {}, dpt[kTilesQ][4] = {};  // line 5
 #pragma unroll
       for (int kk = 0; kk < kStepsD; ++kk) {
         uint32_t ka[4], va[4];
-        bwd::ldm<Operand::A_mk>(ka, sK + kw * kLd + 16 * kk, kLd, lane);
-        bwd::ldm<Operand::A_mk>(va, sV + kw * kLd + 16 * kk, kLd, lane);
+        bwd::ldm<Operand::A_mk>(ka, Ks + kw * kLd + 16 * kk, kLd, lane);
+        bwd::ldm<Operand::A_mk>(va, Vs + kw * kLd + 16 * kk, kLd, lane);
 #pragma unroll
         for (int np = 0; np < kTilesQ / 2; ++np) {
           uint32_t qb[4], dob[4];
-          bwd::ldm<Operand::B_nk>(qb, sQ + 16 * np * kLd + 16 * kk, kLd, lane);
-          bwd::ldm<Operand::B_nk>(dob, sdO + 16 * np * kLd + 16 * kk, kLd, lane);
+          bwd::ldm<Operand::B_nk>(qb, Qs + 16 * np * kLd + 16 * kk, kLd, lane);
+          bwd::ldm<Operand::B_nk>(dob, dOs + 16 * np * kLd + 16 * kk, kLd, lane);
           mma_16816<T>(st[2 * np], ka, qb), mma_16816<T>(st[2 * np + 1], ka, qb + 2);
           mma_16816<T>(dpt[2 * np], va, dob), mma_16816<T>(dpt[2 * np + 1], va, dob + 2);
         }
@@ -132,9 +132,9 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
           const frag::RowCol c = frag::c_elem(lane, e);  // row: key kw + c.row, column: query 8n + c.col
           const int il = 8 * n + c.col;
           const bool keep = !need_mask || (i0 + il < p.q_len && p.visible(i0 + il, j0 + kw + c.row));
-          const float P = keep ? expf(tau * st[n][e] - sL[il]) : 0.f;  // P from L: no m, l needed
+          const float P = keep ? expf(tau * st[n][e] - Ls[il]) : 0.f;  // P from L: no m, l needed
           st[n][e] = P;
-          dpt[n][e] = P * (dpt[n][e] - sD[il]);
+          dpt[n][e] = P * (dpt[n][e] - Ds[il]);
         }
       if constexpr (kAtomicDq) {
 #pragma unroll
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
             const frag::RowCol c = frag::c_elem(lane, e);
-            *reinterpret_cast<uint32_t*>(sdSt + (kw + c.row) * kLdS + 8 * n + c.col) =
+            *reinterpret_cast<uint32_t*>(dSts + (kw + c.row) * kLdS + 8 * n + c.col) =
                 pack2<T>(dpt[n][e], dpt[n][e + 1]);
           }
       }
@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
 #pragma unroll
         for (int np = 0; np < kTilesD / 2; ++np) {
           uint32_t dob[4], qb[4];
-          bwd::ldm<Operand::B_kn>(dob, sdO + 16 * kk * kLd + 16 * np, kLd, lane);
-          bwd::ldm<Operand::B_kn>(qb, sQ + 16 * kk * kLd + 16 * np, kLd, lane);
+          bwd::ldm<Operand::B_kn>(dob, dOs + 16 * kk * kLd + 16 * np, kLd, lane);
+          bwd::ldm<Operand::B_kn>(qb, Qs + 16 * kk * kLd + 16 * np, kLd, lane);
           mma_16816<T>(dV[2 * np], pa, dob), mma_16816<T>(dV[2 * np + 1], pa, dob + 2);
           mma_16816<T>(dK[2 * np], dsa, qb), mma_16816<T>(dK[2 * np + 1], dsa, qb + 2);
         }
@@ -173,11 +173,11 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
 #pragma unroll
         for (int kk = 0; kk < kStepsK; ++kk) {
           uint32_t dsa[4];  // dS (queries x keys) from dS^T stored [key][query]: ldmatrix .trans
-          bwd::ldm<Operand::A_km>(dsa, sdSt + 16 * kk * kLdS + 16 * rt, kLdS, lane);
+          bwd::ldm<Operand::A_km>(dsa, dSts + 16 * kk * kLdS + 16 * rt, kLdS, lane);
 #pragma unroll
           for (int np = 0; np < kTilesDq / 2; ++np) {
             uint32_t kb[4];
-            bwd::ldm<Operand::B_kn>(kb, sK + 16 * kk * kLd + c0 + 16 * np, kLd, lane);
+            bwd::ldm<Operand::B_kn>(kb, Ks + 16 * kk * kLd + c0 + 16 * np, kLd, lane);
             mma_16816<T>(acc[2 * np], dsa, kb), mma_16816<T>(acc[2 * np + 1], dsa, kb + 2);
           }
         }
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(bwd::KvTile<D>::kThreads)
           }
       }
       if (has_next && threadIdx.x < Br)
-        sL2[next * Br + threadIdx.x] = L_next, sD2[next * Br + threadIdx.x] = D_next;
+        Ls2[next * Br + threadIdx.x] = L_next, Ds2[next * Br + threadIdx.x] = D_next;
       __syncthreads();  // every warp is done with this tile's buffers and dS^T before they are refilled
     }
   }

@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
     selected(f.kernel);
   });
   cli.add_flag("--backward", &bwd.on, "also run, check and time the backward steps (both dQ modes) and 04's backward");
-  cli.add_option("--bwd-kernel", &bwd.kernel, "with --backward: all, or one step: bwd_v1_mma, bwd_v2_regs, bwd_v3_cp_async (default all)");
+  cli.add_option("--bwd-kernel", &bwd.kernel,
+                 "with --backward: all, or one step: bwd_v1_mma, bwd_v2_regs, bwd_v3_cp_async (default all)");
   cli.add_check([&](const fa::Problem&) {
     if (bwd.kernel != "all") wsq::find_backward_step(bwd.kernel);
   });
