@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # The measurements behind every number in the READMEs: each chapter program at the sizes its README
-# reports, then PyTorch SDPA (fp32) as the outside baseline, all in one CSV in the project's row format.
+# reports, with PyTorch SDPA as the outside baseline, all in one CSV in the project's row format.
 # Run it on a GPU machine after building (see README.md):
-#   scripts/measure.sh [BUILD_DIR] [CSV]       default: build, docs/results/<gpu>.csv
+#   scripts/measure.sh [--chapters LIST] [BUILD_DIR] [CSV]   default: all, build, docs/results/<gpu>.csv
+#   LIST: chapters to measure, e.g. 05,06 (00 01 02 03 04 05 06; 04 includes the fp32 PyTorch rows)
 # Each command is echoed before it runs, so a README can quote it, with a progress line (step k/N).
-# The rows go to a temporary file that replaces CSV at the end, only if every step passed; otherwise
-# CSV is left as it was and the new rows are kept next to it (CSV.partial). A failed check makes the
-# exit code 1 but the remaining measurements still run. Takes about 8 minutes on an H100.
+# The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
+# replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
+# (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
+# All chapters take about 20 minutes on an H100 (00-04 about 8, 05 about 8, 06 about 4).
 set -uo pipefail
-usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,12s/^# \{0,1\}//p' "$0"; }
+CHAPTERS=00,01,02,03,04,05,06
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
+  --chapters)
+    [ $# -ge 2 ] || { echo "measure.sh: --chapters needs a list, e.g. --chapters 05,06" >&2; exit 2; }
+    CHAPTERS=$2
+    shift 2 ;;
   -*) echo "measure.sh: unknown option '$1'; see --help" >&2; exit 2 ;;
 esac
+for c in ${CHAPTERS//,/ }; do
+  [[ $c =~ ^0[0-6]$ ]] || { echo "measure.sh: --chapters: '$c' is not one of 00 .. 06" >&2; exit 2; }
+done
 [ $# -le 2 ] || { echo "measure.sh: at most two arguments (BUILD_DIR, CSV); see --help" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -21,7 +31,9 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   echo "The numbers measured on a named GPU are in docs/results/ (scripts/tour.sh shows them)." >&2
   exit 1
 fi
-for prog in 00_naive/naive 01_online_softmax/online_softmax 02_fa1_forward/fa1_forward 03_fa1_backward/fa1_backward 04_fa2/fa2; do
+for prog in 00_naive/naive 01_online_softmax/online_softmax 02_fa1_forward/fa1_forward 03_fa1_backward/fa1_backward \
+            04_fa2/fa2 05_warp_split_q/warp_split_q 06_flash_decoding/flash_decoding; do
+  [[ ",$CHAPTERS," == *",${prog:0:2},"* ]] || continue
   [ -x "$B/$prog" ] || { echo "measure.sh: $B/$prog not found: build first (README, Quick start)" >&2; exit 1; }
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -33,39 +45,72 @@ trap 'rm -f "$TMP"' EXIT
 
 have_torch=0
 python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && have_torch=1
-steps=(
-  # 00: the O(N^2) wall at N = 1024 and 4096
-  "$B/00_naive/naive --backward"
-  "$B/00_naive/naive --q-len 4096 --backward"
-  # 01: the softmax sweep against the copy bandwidth, and the fused row kernels against 00
-  "$B/01_online_softmax/online_softmax"
-  # 02: next to 00 at N = 1024 and 4096, and alone at N = 65536 where 00 cannot allocate S and P
-  "$B/02_fa1_forward/fa1_forward"
-  "$B/02_fa1_forward/fa1_forward --q-len 4096"
-  "$B/02_fa1_forward/fa1_forward --q-len 4096 --causal --dropout 0.1"
-  "$B/02_fa1_forward/fa1_forward --batch 1 --heads 16 --q-len 65536 --warmup 1 --iters 3"
-  # 03: next to 00's backward, and alone where 00's backward cannot allocate S, P and dP
-  "$B/03_fa1_backward/fa1_backward"
-  "$B/03_fa1_backward/fa1_backward --q-len 4096 --batch 2"
-  "$B/03_fa1_backward/fa1_backward --batch 2 --heads 16 --q-len 32768 --warmup 1 --iters 3"
-  # 04: every forward step next to 02/03 at B=1 H=16 (where FA1 has 16 blocks) and B=4 H=32 (128
-  # blocks: FA1's best case), the sweep N x d x causal, one long sequence with few heads, and GQA
-  "$B/04_fa2/fa2 --kernel all --backward"
-  "$B/04_fa2/fa2 --kernel all --batch 4 --heads 32 --backward"
-  "$B/04_fa2/fa2 --sweep --backward --iters 5 --warmup 1"
-  "$B/04_fa2/fa2 --batch 1 --heads 2 --q-len 16384 --no-previous"
-  "$B/04_fa2/fa2 --heads 8 --kv-heads 2 --q-len 4096 --causal --backward --no-previous"
-)
-if [ "$have_torch" -eq 1 ]; then
-  # PyTorch SDPA, fp32, the backend it picks: the outside baseline at the sweep's sizes
-  steps+=("python3 scripts/torch_sdpa.py check $B")
-  for d in 64 128; do
+steps=()
+# add CHAPTER COMMAND: queue COMMAND if CHAPTER was chosen (--chapters); "torch" steps need PyTorch with CUDA
+add() {
+  [[ ",$CHAPTERS," == *",$1,"* ]] || return 0
+  [[ $2 == python3* && $have_torch -eq 0 ]] && return 0
+  steps+=("$2")
+}
+# 00: the O(N^2) wall at N = 1024 and 4096
+add 00 "$B/00_naive/naive --backward"
+add 00 "$B/00_naive/naive --q-len 4096 --backward"
+# 01: the softmax sweep against the copy bandwidth, and the fused row kernels against 00
+add 01 "$B/01_online_softmax/online_softmax"
+# 02: next to 00 at N = 1024 and 4096, and alone at N = 65536 where 00 cannot allocate S and P
+add 02 "$B/02_fa1_forward/fa1_forward"
+add 02 "$B/02_fa1_forward/fa1_forward --q-len 4096"
+add 02 "$B/02_fa1_forward/fa1_forward --q-len 4096 --causal --dropout 0.1"
+add 02 "$B/02_fa1_forward/fa1_forward --batch 1 --heads 16 --q-len 65536 --warmup 1 --iters 3"
+# 03: next to 00's backward, and alone where 00's backward cannot allocate S, P and dP
+add 03 "$B/03_fa1_backward/fa1_backward"
+add 03 "$B/03_fa1_backward/fa1_backward --q-len 4096 --batch 2"
+add 03 "$B/03_fa1_backward/fa1_backward --batch 2 --heads 16 --q-len 32768 --warmup 1 --iters 3"
+# 04: every forward step next to 02/03 at B=1 H=16 (where FA1 has 16 blocks) and B=4 H=32 (128
+# blocks: FA1's best case), the sweep N x d x causal, one long sequence with few heads, and GQA
+add 04 "$B/04_fa2/fa2 --kernel all --backward"
+add 04 "$B/04_fa2/fa2 --kernel all --batch 4 --heads 32 --backward"
+add 04 "$B/04_fa2/fa2 --sweep --backward --iters 5 --warmup 1"
+add 04 "$B/04_fa2/fa2 --batch 1 --heads 2 --q-len 16384 --no-previous"
+add 04 "$B/04_fa2/fa2 --heads 8 --kv-heads 2 --q-len 4096 --causal --backward --no-previous"
+# PyTorch SDPA, fp32, the backend it picks: the outside baseline of 00-04 at the sweep's sizes
+add 04 "python3 scripts/torch_sdpa.py check $B"
+for d in 64 128; do
+  for c in "" " --causal"; do
+    add 04 "python3 scripts/torch_sdpa.py bench --sizes 1024 4096 16384 --head-dim $d$c --backward"
+  done
+done
+add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --backward"
+# 05: split-K and the tensor-core ladder on FlashAttention's benchmark shapes (16k tokens: batch = 16384 / N;
+# hidden 2048: H = 32 at d = 64, H = 16 at d = 128), causal off and on, fp16, forward and backward; each run
+# also times 04 (fp32). Then PyTorch's flash (FA2) and cuDNN backends on the same shapes: 05's baselines.
+for d in 64 128; do
+  for n in 512 1024 2048 4096 8192 16384; do
     for c in "" " --causal"; do
-      steps+=("python3 scripts/torch_sdpa.py bench --sizes 1024 4096 16384 --head-dim $d$c --backward")
+      shape="--batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d"
+      add 05 "$B/05_warp_split_q/warp_split_q $shape --q-len $n --dtype fp16$c --backward --iters 10 --warmup 2"
+      for backend in flash cudnn; do
+        add 05 "python3 scripts/torch_sdpa.py bench $shape --sizes $n$c --dtype fp16 --backend $backend --backward"
+      done
     done
   done
-  steps+=("python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --backward")
-fi
+done
+# 06: decoding, fp16, d = 128, H = 32: every kernel and the read_kv ceiling at B in {1, 8}, Hkv in {32, 8},
+# N in {4k, 32k, 128k}; the split-count sweep (every count checked, the heuristic's marked *); the unified max
+# with large logits (every split falls back: the cost of the fallback); PyTorch SDPA flash and cuDNN at q_len 1
+for b in 1 8; do
+  for hkv in 32 8; do
+    for n in 4096 32768 131072; do
+      add 06 "$B/06_flash_decoding/flash_decoding --batch $b --heads 32 --kv-heads $hkv --kv-len $n --head-dim 128 --dtype fp16 --iters 10 --warmup 2"
+    done
+    for backend in flash cudnn; do
+      add 06 "python3 scripts/torch_sdpa.py bench --sizes 4096 32768 131072 --q-len 1 --batch $b --heads 32 --kv-heads $hkv --head-dim 128 --dtype fp16 --backend $backend --iters 10 --warmup 2"
+    done
+  done
+done
+add 06 "$B/06_flash_decoding/flash_decoding --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 --kernel split_kv_gqa --sweep-splits --iters 10 --warmup 1"
+add 06 "$B/06_flash_decoding/flash_decoding --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 --kernel unified_max --scale 30 --iters 10 --warmup 1"
+
 rc=0
 n=${#steps[@]}
 for k in "${!steps[@]}"; do
@@ -82,10 +127,20 @@ done
 
 rows=$(($(wc -l <"$TMP") - 1))
 [ "$rows" -ge 0 ] || rows=0
+# The new rows replace the rows of CSV with the same key (GPU, chapter, kernel, pass, dtype, shape, causal,
+# dropout: the first 13 columns); every other row of CSV is kept, so measuring some chapters updates only them.
+if [ "$rc" -eq 0 ] && [ -s "$CSV" ] && [ "$rows" -gt 0 ]; then
+  MERGED=$(mktemp "$CSV.XXXXXX") || exit 1
+  awk -F, 'FNR == 1 { if (NR == 1) print; next }
+           { key = ""; for (i = 1; i <= 13; i++) key = key FS $i }
+           NR == FNR { fresh[key] = 1; rows[++n] = $0; next }
+           !(key in fresh) { print }
+           END { for (i = 1; i <= n; i++) print rows[i] }' "$TMP" "$CSV" >"$MERGED" && mv "$MERGED" "$TMP"
+fi
 echo
 if [ "$rc" -eq 0 ]; then
   mv "$TMP" "$CSV" && trap - EXIT
-  echo "== measure: $rows rows in $CSV"
+  echo "== measure: $rows new rows in $CSV"
 else
   mv "$TMP" "$CSV.partial" && trap - EXIT
   echo "== measure: a step failed (see '!!' above): $CSV left as it was; the $rows new rows are in $CSV.partial"

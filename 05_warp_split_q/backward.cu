@@ -1,0 +1,86 @@
+// The backward's registry, its tiles and workspace, D = rowsum(dO o O), and the host driver every step uses.
+#include <string>
+
+#include "bwd_common.cuh"
+#include "bwd_steps.hpp"
+#include "warp_split_q.cuh"
+
+namespace wsq {
+
+const std::vector<BackwardStep>& backward_steps() {
+  static const std::vector<BackwardStep> steps = {
+      {"bwd_v1_mma", "five GEMMs on tensor cores, ldmatrix(.trans) per operand; P^T, dS^T through shared memory",
+       backward_v1_mma<fa::half_t>, backward_v1_mma<fa::bfloat16_t>},
+      {"bwd_v2_regs", "P^T, dS^T stay in registers: C fragments reused as the A operands of dV and dK",
+       backward_v2_regs<fa::half_t>, backward_v2_regs<fa::bfloat16_t>},
+      {"bwd_v3_cp_async", "cp.async double buffer: the next Q_i, dO_i load while this tile computes",
+       backward_v3_cp_async<fa::half_t>, backward_v3_cp_async<fa::bfloat16_t>},
+  };
+  return steps;
+}
+
+const BackwardStep& find_backward_step(const std::string& name) {
+  std::string names;
+  for (const BackwardStep& s : backward_steps()) {
+    if (name == s.name) return s;
+    names += std::string(names.empty() ? "" : ", ") + s.name;
+  }
+  throw fa::UsageError("--bwd-kernel must be all or one of " + names + " (got '" + name + "')");
+}
+
+BackwardTiles backward_tiles(int head_dim) {
+  return head_dim == 64 ? BackwardTiles{bwd::KvTile<64>::Br, bwd::KvTile<64>::Bc}
+                        : BackwardTiles{bwd::KvTile<128>::Br, bwd::KvTile<128>::Bc};
+}
+BackwardTiles backward_dq_tiles(int) { return {bwd::DqTile::Br, bwd::DqTile::Bc}; }
+
+size_t backward_workspace_bytes(const fa::Problem& p) { return p.lse_elems() * sizeof(float); }
+
+namespace bwd {
+namespace {
+
+constexpr int kRowsumWarps = 8;  // rows per block of the D kernel, one warp each
+
+// D_i = sum_c dO_ic O_ic for every query row (BACKWARD.md Algorithm B, line 0), fp32 accumulation. One warp per
+// row, consecutive lanes on consecutive columns. O is the forward's output in the dtype, as a training step keeps it.
+template <class T>
+__global__ void __launch_bounds__(32 * kRowsumWarps)
+    rowsum_do_o_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ Dv, size_t rows,
+                       int d) {
+  const size_t row = size_t(blockIdx.x) * kRowsumWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float s = 0.f;
+  for (int c = lane; c < d; c += 32) s = fmaf(widen(o[row * d + c]), widen(dout[row * d + c]), s);
+  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) Dv[row] = s;
+}
+
+}  // namespace
+
+template <class T>
+void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>::type>& kv, const T* q, const T* k,
+                  const T* v, const T* o, const float* lse, const T* dout, float* dq, float* dk, float* dv, DqMode mode,
+                  void* workspace) {
+  using Tc = typename fa::CudaType<T>::type;
+  check_supported(p);
+  float* Dv = static_cast<float*>(workspace);
+  const size_t rows = p.lse_elems();
+  launch(rowsum_do_o_kernel<Tc>, dim3(unsigned((rows + kRowsumWarps - 1) / kRowsumWarps)), 32 * kRowsumWarps, 0,
+         fa::cuda_ptr(o), fa::cuda_ptr(dout), Dv, rows, p.head_dim);
+  if (mode == DqMode::Atomic) zero_floats(dq, p.q_elems());
+  const dim3 grid((p.kv_len + kv.Bc - 1) / kv.Bc, p.kv_heads, p.batch);
+  launch(mode == DqMode::Atomic ? kv.atomic_dq : kv.no_dq, grid, kv.threads, kv.smem_bytes, p, fa::cuda_ptr(q),
+         fa::cuda_ptr(k), fa::cuda_ptr(v), lse, fa::cuda_ptr(dout), static_cast<const float*>(Dv), dq, dk, dv);
+  if (mode == DqMode::Deterministic) run_dq<T>(p, q, k, v, lse, dout, Dv, dq);
+}
+
+#define WSQ_RUN_BACKWARD(T)                                                                                          \
+  template void run_backward<T>(const fa::Problem&, const KvKernels<fa::CudaType<T>::type>&, const T*, const T*,     \
+                                const T*, const T*, const float*, const T*, float*, float*, float*, DqMode, void*);
+WSQ_RUN_BACKWARD(fa::half_t)
+WSQ_RUN_BACKWARD(fa::bfloat16_t)
+#undef WSQ_RUN_BACKWARD
+
+}  // namespace bwd
+}  // namespace wsq

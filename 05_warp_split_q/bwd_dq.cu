@@ -1,0 +1,147 @@
+// The deterministic dQ kernel: dQ_i for one Q block, summed on chip over the K/V blocks in a fixed order, so dQ is
+// bit-identical run to run (BACKWARD.md Algorithm B, lines 11-16). Every step uses it in DqMode::Deterministic.
+//
+// It has the forward's shape (split-Q): grid (Tr, H, B), warp w owns query rows 16w .. 16w+15 of the block, and
+// every (S, dP, dS) element it makes stays in its registers:
+//   line 11  load Q_i, dO_i; L, D of the warp's rows into registers; dQ_i = 0
+//   line 12  for each K/V block j up to the last key the block's last row sees (causal: the rest skipped)
+//   line 13    load K_j, V_j
+//   line 14    S = Q_i K_j^T, dP = dO_i V_j^T       (B operands K_j, V_j stored [key][d] = [n][k]: ldmatrix)
+//   line 15    P = exp(tau S - L), dS = P o (dP - D), masked: 0
+//   line 16    dQ_i += dS K_j                       (dS: C fragments packed into A fragments, no shared memory;
+//                                                    K_j stored [key][d] = [k][n]: ldmatrix .trans)
+//   then dQ_i *= tau, written in fp32.
+// Shared memory: Q_i, dO_i [64][d+8], K_j, V_j [64][d+8] in the dtype = 36 KiB (d = 64), 68 KiB (d = 128).
+#include "bwd_common.cuh"
+
+namespace wsq {
+namespace bwd {
+namespace {
+
+using bwd_frag::Operand;
+
+template <class T, int D>
+__global__ void __launch_bounds__(DqTile::kThreads)
+    dq_kernel(fa::Problem p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+              const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ Dv,
+              float* __restrict__ dq) {
+  constexpr int Br = DqTile::Br, Bc = DqTile::Bc, kThreads = DqTile::kThreads;
+  constexpr int kLd = D + kPad;
+  constexpr int kStepsD = D / 16;   // k-steps of S, dP (over head_dim)
+  constexpr int kTilesK = Bc / 8;   // n-tiles of S, dP (8 keys each)
+  constexpr int kStepsK = Bc / 16;  // k-steps of dQ (over keys)
+  constexpr int kTilesD = D / 8;    // n-tiles of dQ (8 columns each)
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* dOs = Qs + Br * kLd;
+  T* Ks = dOs + Br * kLd;
+  T* Vs = Ks + Bc * kLd;
+
+  const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z, hk = p.kv_head_of(h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wr = 16 * warp;  // the warp's first row in the block
+  const float tau = p.softmax_scale();
+  const T* K = k + p.kv_offset(b, hk);
+  const T* V = v + p.kv_offset(b, hk);
+
+  load_tile<T, Br, D, kThreads>(Qs, q + p.q_offset(b, h), i0, p.q_len);  // line 11
+  load_tile<T, Br, D, kThreads>(dOs, dout + p.q_offset(b, h), i0, p.q_len);
+  float L[2], Di[2];  // rows g and g + 8 of the warp's C fragments
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + wr + frag::group(lane) + 8 * r;
+    L[r] = i < p.q_len ? lse[p.lse_offset(b, h) + i] : 0.f;
+    Di[r] = i < p.q_len ? Dv[p.lse_offset(b, h) + i] : 0.f;
+  }
+  float acc[kTilesD][4] = {};
+
+  const int kv_end = p.visible_keys(min(i0 + Br, p.q_len) - 1);
+  for (int j0 = 0; j0 < kv_end; j0 += Bc) {  // line 12
+    __syncthreads();                          // every warp is done with the previous K_j, V_j
+    load_tile<T, Bc, D, kThreads>(Ks, K, j0, p.kv_len);  // line 13
+    load_tile<T, Bc, D, kThreads>(Vs, V, j0, p.kv_len);
+    __syncthreads();
+
+    float s[kTilesK][4] = {}, dp[kTilesK][4] = {};  // line 14
+#pragma unroll
+    for (int kk = 0; kk < kStepsD; ++kk) {
+      uint32_t qa[4], doa[4];
+      ldm<Operand::A_mk>(qa, Qs + wr * kLd + 16 * kk, kLd, lane);
+      ldm<Operand::A_mk>(doa, dOs + wr * kLd + 16 * kk, kLd, lane);
+#pragma unroll
+      for (int np = 0; np < kTilesK / 2; ++np) {
+        uint32_t kb[4], vb[4];
+        ldm<Operand::B_nk>(kb, Ks + 16 * np * kLd + 16 * kk, kLd, lane);
+        ldm<Operand::B_nk>(vb, Vs + 16 * np * kLd + 16 * kk, kLd, lane);
+        mma_16816<T>(s[2 * np], qa, kb), mma_16816<T>(s[2 * np + 1], qa, kb + 2);
+        mma_16816<T>(dp[2 * np], doa, vb), mma_16816<T>(dp[2 * np + 1], doa, vb + 2);
+      }
+    }
+
+    const bool need_mask = needs_mask(p, i0, Br, j0, Bc);  // line 15; dS overwrites s
+#pragma unroll
+    for (int n = 0; n < kTilesK; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const frag::RowCol c = frag::c_elem(lane, e);
+        const int i = i0 + wr + c.row;
+        const bool keep = !need_mask || (i < p.q_len && p.visible(i, j0 + 8 * n + c.col));
+        const float P = keep ? expf(tau * s[n][e] - L[e >> 1]) : 0.f;
+        s[n][e] = P * (dp[n][e] - Di[e >> 1]);
+      }
+
+#pragma unroll
+    for (int kk = 0; kk < kStepsK; ++kk) {  // line 16: the C fragments of dS for keys 16kk.. are its A fragment
+      uint32_t dsa[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float* c = s[2 * kk + frag::p_from_s_ntile(r)] + frag::p_from_s_celem(r);
+        dsa[r] = pack2<T>(c[0], c[1]);
+      }
+#pragma unroll
+      for (int np = 0; np < kTilesD / 2; ++np) {
+        uint32_t kb[4];
+        ldm<Operand::B_kn>(kb, Ks + 16 * kk * kLd + 16 * np, kLd, lane);
+        mma_16816<T>(acc[2 * np], dsa, kb), mma_16816<T>(acc[2 * np + 1], dsa, kb + 2);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int n = 0; n < kTilesD; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const frag::RowCol c = frag::c_elem(lane, e);
+      const int i = i0 + wr + c.row;
+      if (i >= p.q_len) continue;
+      *reinterpret_cast<float2*>(dq + p.q_offset(b, h) + size_t(i) * D + 8 * n + c.col) =
+          make_float2(tau * acc[n][e], tau * acc[n][e + 1]);
+    }
+}
+
+template <class T, int D>
+void launch_dq(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,
+               const float* Dv, float* dq) {
+  using Tc = typename fa::CudaType<T>::type;
+  constexpr size_t smem = sizeof(Tc) * 2 * (DqTile::Br + DqTile::Bc) * (D + kPad);
+  const dim3 grid((p.q_len + DqTile::Br - 1) / DqTile::Br, p.heads, p.batch);
+  launch(dq_kernel<Tc, D>, grid, DqTile::kThreads, smem, p, fa::cuda_ptr(q), fa::cuda_ptr(k), fa::cuda_ptr(v), lse,
+         fa::cuda_ptr(dout), Dv, dq);
+}
+
+}  // namespace
+
+template <class T>
+void run_dq(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout, const float* Dv,
+            float* dq) {
+  if (p.head_dim == 64) launch_dq<T, 64>(p, q, k, v, lse, dout, Dv, dq);
+  else launch_dq<T, 128>(p, q, k, v, lse, dout, Dv, dq);
+}
+template void run_dq<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,
+                                 const float*, const fa::half_t*, const float*, float*);
+template void run_dq<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,
+                                     const fa::bfloat16_t*, const float*, const fa::bfloat16_t*, const float*, float*);
+
+}  // namespace bwd
+}  // namespace wsq

@@ -1,0 +1,18 @@
+// The host functions of the ladder's steps, one per kernel file (the registry in warp_split_q.cu lists them).
+#pragma once
+#include "problem.hpp"
+
+namespace wsq {
+#define WSQ_DECLARE(fn) \
+  template <class T>    \
+  void fn(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse);
+WSQ_DECLARE(forward_split_k)
+WSQ_DECLARE(forward_v1_mma)
+WSQ_DECLARE(forward_v2_ldmatrix)
+WSQ_DECLARE(forward_v3_swizzle)
+WSQ_DECLARE(forward_v4_cp_async)
+WSQ_DECLARE(forward_v5_regs_p)
+WSQ_DECLARE(forward_v6_exp2)
+WSQ_DECLARE(forward_v7_tiles)
+#undef WSQ_DECLARE
+}  // namespace wsq
