@@ -69,8 +69,9 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
              void* o, float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks);
 
 // The ceiling: a read-only kernel that reads exactly the K and V rows a decode step must read (every visible key
-// of every kv head, contiguous cache), and writes nothing but an unlikely sentinel.
-void read_kv(const fa::Problem& p, fa::Dtype t, const Cache& cache, unsigned* sink);
+// of every kv head, contiguous cache) and writes nothing but an unlikely sentinel. max_len: the longest context;
+// sms: the device's SM count (the grid is sized to keep every SM busy).
+void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, unsigned* sink);
 
 // n elements of tensor `which` (plan.hpp's input_value(seed, which, index)), rounded to the dtype, on the device.
 void fill_random(fa::Dtype t, size_t n, uint64_t seed, Tensor which, void* x);

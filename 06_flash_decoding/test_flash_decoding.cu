@@ -10,6 +10,7 @@
 #include "cache_host.cuh"
 #include "fa2.cuh"
 #include "model.hpp"
+#include "program.hpp"
 #include "random.hpp"
 #include "testing.hpp"
 
