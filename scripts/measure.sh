@@ -56,6 +56,35 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
 else
   echo "PyTorch with CUDA not found: no SDPA baseline rows"
 fi
+# 06: decoding, fp16, d = 128, H = 32: every kernel and the read_kv ceiling at B in {1, 8}, Hkv in {32, 8},
+# N in {4k, 32k, 128k}; the split-count sweep (every count checked, the heuristic's marked *); the unified max
+# with large logits (every split falls back: the cost of the fallback); PyTorch SDPA flash and cuDNN at q_len 1
+for b in 1 8; do
+  for hkv in 32 8; do
+    for n in 4096 32768 131072; do
+      run "$B/06_flash_decoding/flash_decoding" --batch $b --heads 32 --kv-heads $hkv --kv-len $n --head-dim 128 \
+        --dtype fp16 --iters 10 --warmup 2
+    done
+  done
+done
+run "$B/06_flash_decoding/flash_decoding" --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 \
+  --kernel split_kv_gqa --sweep-splits --iters 10 --warmup 1
+run "$B/06_flash_decoding/flash_decoding" --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 \
+  --kernel unified_max --scale 30 --iters 10 --warmup 1
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  for b in 1 8; do
+    for hkv in 32 8; do
+      for backend in flash cudnn; do
+        cmd=(python3 scripts/torch_sdpa.py bench --sizes 4096 32768 131072 --q-len 1 --batch $b --heads 32
+             --kv-heads $hkv --head-dim 128 --dtype fp16 --backend $backend --iters 10 --warmup 2 --csv "$CSV")
+        echo "\$ ${cmd[*]}"
+        "${cmd[@]}" || rc=1
+      done
+    done
+  done
+else
+  echo "PyTorch with CUDA not found: no SDPA decoding rows"
+fi
 echo
 echo "== measure: $(($(wc -l <"$CSV") - 1)) rows in $CSV, exit $rc"
 exit $rc
