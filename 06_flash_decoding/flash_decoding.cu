@@ -141,7 +141,7 @@ struct Smem {
   static_assert((kLdKV * 2) % 16 == 0 && kKVWarp % 16 == 0, "cp.async needs 16-byte aligned rows");
 };
 
-// Algorithm 1, lines 3-12, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
 // chunks, which it writes to the scratch. Unified: S - phi replaces S - m (m = phi), and `m` tracks the largest
 // score instead, for the fallback test.
 template <class T, int D, int R, bool Paged, bool Unified>
@@ -269,7 +269,7 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
 
 // The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R>::kBytes dynamic.
 template <class T, int D, int R, bool Paged, bool Unified>
-__global__ void __launch_bounds__(kThreads) split_kernel(Args<T> a) {
+__global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   using L = Smem<D, R>;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
