@@ -212,3 +212,18 @@ TEST_CASE("06 model: bytes read per decode step") {
   CHECK(model_hbm_bytes(mqa, {4096}, 2, true, 1) ==
         doctest::Approx(2 * kv_bytes(mqa, {4096}, 2) + double(mqa.lse_elems()) * (128 * 4 + 4)));
 }
+
+TEST_CASE("06 model: the device-made inputs have the project's statistics and differ per tensor") {
+  double sum = 0, sum2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double x = fdec::input_value(5, fdec::Tensor::k, size_t(i));
+    sum += x, sum2 += x * x;
+    CHECK((x >= -1.5 && x < 2.5));
+  }
+  const double mean = sum / n, var = sum2 / n - mean * mean;
+  CHECK(mean == doctest::Approx(0.5).epsilon(0.02));
+  CHECK(var == doctest::Approx(16.0 / 12).epsilon(0.02));
+  CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(5, fdec::Tensor::v, 7));
+  CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(6, fdec::Tensor::k, 7));
+}
