@@ -1,0 +1,591 @@
+// Chapter 06 kernels: split-KV decoding (seed Flash-Decoding), GQA packing, FlashDecoding++'s unified max, a paged
+// cache, the LSE merge, and the read-only ceiling. README §2-§6 derive each; the pseudo-code lines are README
+// Algorithm 1 (split) and Algorithm 2 (merge).
+//
+// One block = (split s, row chunk, batch entry b x unit u); 128 threads = 4 warps. The block's query rows (1, 4 or
+// 16 of them: plan.hpp's row bucket) sit in shared memory as fp32, pre-scaled by the softmax scale. The split's keys
+// are dealt to the warps in chunks of 32 (warp w takes chunks w, w + 4, ...): split-K *inside* the block too,
+// because decoding has too few query rows to give every warp rows of its own.
+// Per chunk, a warp copies K_j and V_j (32 rows each) to its own shared memory with cp.async (16 bytes a lane,
+// coalesced; rows past the split are zero-filled, never read), then
+//   S:   lane j computes S_rj = q_r . k_j for every row r (its key row read from padded shared memory),
+//   P:   running max (warp max per row, rescale of O~ by alpha) or unified max (exp(S - phi), nothing to rescale),
+//   PV:  P goes to shared memory; lane c owns d/32 output columns and adds P_rj V_j[c] over the chunk.
+// At the end the 4 warps' (m, l, O~) are merged (chapter 01's operator) through shared memory, and the block
+// writes its partial (O_s = O~/l, LSE_s = m + log l), or O and LSE themselves when there is one split.
+// Shared memory: K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB at d = 128, 36.9 KB at d = 64), the merge scratch
+// reuses it; Q rows x d x 4 B and P 4 x rows x 32 x 4 B (8 KB each at 16 rows, d = 128).
+#include "flash_decoding.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cuda_check.cuh"
+#include "device.cuh"
+#include "lowp.cuh"
+#include "model.hpp"
+#include "plan.hpp"
+
+namespace fdec {
+namespace {
+
+constexpr int kPadH = 8;           // shared row padding (16-bit elements): 16 bytes keeps the S loop conflict-free
+constexpr int kVec = 8;            // 16-bit elements per 16-byte copy
+constexpr int kMergeRows = kWarps; // merge kernel: one warp per query row
+static_assert(kKeysPerWarp == 32, "one key per lane");
+static_assert(kMaxRows == 16, "row buckets are 1, 4, 16 (plan.hpp)");
+
+__device__ __forceinline__ float2 to_float2(__half2 x) { return __half22float2(x); }
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+template <class T>
+using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+
+// n consecutive 16-bit values (n even) at p, widened to float.
+template <class T, int N>
+__device__ __forceinline__ void load_floats(const T* p, float (&f)[N]) {
+  static_assert(N % 2 == 0, "pairs");
+#pragma unroll
+  for (int e = 0; e < N; e += 2) {
+    const float2 x = to_float2(*reinterpret_cast<const Pair<T>*>(p + e));
+    f[e] = x.x, f[e + 1] = x.y;
+  }
+}
+
+// 8 consecutive 16-bit values at p (16-byte aligned) in one 16-byte shared-memory load, widened to float. One wide
+// load per lane keeps the S loop free of bank conflicts: with the 16-byte row padding the 8 lanes of each
+// quarter-warp hit 8 distinct groups of 4 banks.
+template <class T>
+__device__ __forceinline__ void load_floats8(const T* p, float (&f)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    Pair<T> pair;
+    memcpy(&pair, &w[e], 4);
+    const float2 x = to_float2(pair);
+    f[2 * e] = x.x, f[2 * e + 1] = x.y;
+  }
+}
+
+// 16 bytes global -> shared without passing through registers (sm_80+). bytes = 0 zero-fills the destination and
+// reads nothing (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Everything a split block needs besides the problem.
+template <class T>
+struct Args {
+  fa::Problem p;  // kv_len = cache capacity
+  Rows rows;
+  int splits;
+  float phi;
+  const T* q;
+  const T* k;
+  const T* v;
+  const int* kv_lens;
+  const int* block_table;
+  int pages_per_seq, log2_page;
+  T* o;
+  float* lse;
+  float* ws_o;   // [splits, B*H*q_len, d]
+  float* ws_lse; // [splits, B*H*q_len]
+  int* fallbacks;
+  size_t q_rows; // B*H*q_len: the query rows of the whole problem (a row of the workspace per split)
+};
+
+// Offset of key row `key` of kv head hk of batch entry b: contiguous, or through the block table (page pool
+// [pages, Hkv, page_size, d]). key < n_b <= pages_per_seq * page_size, so the table index is in bounds.
+template <class T, bool Paged>
+__device__ __forceinline__ size_t key_row(const Args<T>& a, int b, int hk, int key) {
+  if constexpr (Paged) {
+    const int page = a.block_table[size_t(b) * a.pages_per_seq + (key >> a.log2_page)];
+    const int in_page = key & ((1 << a.log2_page) - 1);
+    return ((size_t(page) * a.p.kv_heads + hk) << a.log2_page | size_t(in_page)) * a.p.head_dim;
+  } else {
+    return a.p.kv_offset(b, hk) + size_t(key) * a.p.head_dim;
+  }
+}
+
+// Shared-memory layout of a split block (bytes), for D and R rows.
+template <int D, int R>
+struct Smem {
+  static constexpr int kLdKV = D + kPadH;                                       // 16-bit elements per K/V row
+  static constexpr int kKVWarp = 2 * kKeysPerWarp * kLdKV * 2;                   // one warp's K and V chunk
+  static constexpr int kKV = kWarps * kKVWarp;
+  static constexpr int kScratchWarp = R * (D + 3) * 4;                           // m, l, max, O~ per row
+  static constexpr int kQ = R * D * 4, kP = kWarps * R * kKeysPerWarp * 4, kFin = 2 * R * 4 + kWarps * R * 4;
+  static constexpr int kBytes = kKV + kQ + kP + kFin;
+  static_assert(kWarps * kScratchWarp <= kKV, "the merge scratch reuses the K/V chunk buffers");
+  static_assert((kLdKV * 2) % 16 == 0 && kKVWarp % 16 == 0, "cp.async needs 16-byte aligned rows");
+};
+
+// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// chunks, which it writes to the scratch. Unified: S - phi replaces S - m (m = phi), and `m` tracks the largest
+// score instead, for the fallback test.
+template <class T, int D, int R, bool Paged, bool Unified>
+__device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
+                                       const fa::Problem& pb, char* smem) {
+  using L = Smem<D, R>;
+  constexpr int kCols = D / 32;  // output columns per lane
+  constexpr int kPieces = D / kVec;                     // 16-byte pieces per K/V row
+  constexpr int kCopies = kKeysPerWarp * kPieces / 32;  // 16-byte copies per lane per chunk and matrix
+  static_assert(D % 64 == 0, "lane owns an even number of columns");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* Ks = reinterpret_cast<T*>(smem + warp * L::kKVWarp);
+  T* Vs = Ks + kKeysPerWarp * L::kLdKV;
+  const float* Qs = reinterpret_cast<const float*>(smem + L::kKV);
+  float* Ps = reinterpret_cast<float*>(smem + L::kKV + L::kQ) + warp * R * kKeysPerWarp;
+
+  float m[R], l[R], acc[R][kCols];
+  int query[R];  // the query index of each row; -1 for the rows past the unit (zeros, masked)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    query[r] = r < nrows ? a.rows.query(r0 + r) : -1;
+    m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+  }
+
+  for (int c0 = keys.begin + warp * kKeysPerWarp; c0 < keys.end; c0 += kWarps * kKeysPerWarp) {
+    // line 4: K_j, V_j of the chunk -> shared (rows past the split: zeros, nothing read)
+#pragma unroll
+    for (int t = 0; t < kCopies; ++t) {
+      const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
+      const bool ok = key < keys.end;
+      const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
+      cp_async16(Ks + row * L::kLdKV + col, a.k + off, ok);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int t = 0; t < kCopies; ++t) {
+      const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
+      const bool ok = key < keys.end;
+      const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
+      cp_async16(Vs + row * L::kLdKV + col, a.v + off, ok);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // K has landed; V may still be in flight during the S loop
+    __syncwarp();
+
+    // line 5: S_rj = (scale q_r) . k_j, lane = key j
+    const int key = c0 + lane;
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = 0.f;
+#pragma unroll 4
+    for (int col = 0; col < D; col += kVec) {
+      float kf[kVec];
+      load_floats8<T>(Ks + lane * L::kLdKV + col, kf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 q0 = *reinterpret_cast<const float4*>(Qs + r * D + col);  // same address in every lane
+        const float4 q1 = *reinterpret_cast<const float4*>(Qs + r * D + col + 4);
+        s[r] = fmaf(q0.x, kf[0], fmaf(q0.y, kf[1], fmaf(q0.z, kf[2], fmaf(q0.w, kf[3], s[r]))));
+        s[r] = fmaf(q1.x, kf[4], fmaf(q1.y, kf[5], fmaf(q1.z, kf[6], fmaf(q1.w, kf[7], s[r]))));
+      }
+    }
+    // lines 6-8: mask, then P with the running max (rescale O~) or with phi (nothing to rescale)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (!(key < keys.end && query[r] >= 0 && pb.visible(query[r], key))) s[r] = -INFINITY;
+      float p;
+      if constexpr (Unified) {
+        p = expf(s[r] - a.phi);
+        m[r] = fmaxf(m[r], s[r]);  // this lane's largest score: the fallback test needs the split's maximum
+        l[r] += p;
+      } else {
+        const float m_new = fmaxf(m[r], warp_max(s[r]));
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid (-inf) - (-inf)
+        const float alpha = expf(m[r] - m_use);
+        p = expf(s[r] - m_use);
+        l[r] = l[r] * alpha + p;  // each lane sums its own keys; the lanes are summed once, after the loop
+        m[r] = m_new;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[r][c] *= alpha;
+      }
+      Ps[r * kKeysPerWarp + lane] = p;
+    }
+    cp_async_wait<0>();
+    __syncwarp();  // V_j and every lane's P are in shared memory
+
+    // line 9: O~_r += P_rj V_j over the 32 keys; lane owns columns lane*kCols .. +kCols-1
+#pragma unroll 2
+    for (int j = 0; j < kKeysPerWarp; j += 4) {
+      float vf[4][kCols];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) load_floats<T>(Vs + (j + t) * L::kLdKV + lane * kCols, vf[t]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 p4 = *reinterpret_cast<const float4*>(Ps + r * kKeysPerWarp + j);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          acc[r][c] = fmaf(p4.w, vf[3][c], fmaf(p4.z, vf[2][c], fmaf(p4.y, vf[1][c], fmaf(p4.x, vf[0][c], acc[r][c]))));
+      }
+    }
+    __syncwarp();  // every lane is done with K_j, V_j, P before the next chunk overwrites them
+  }
+
+  // line 10: the warp's (m, l, max, O~) -> scratch (which overlays the K/V buffers of every warp: wait for all)
+  float mx[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    l[r] = warp_sum(l[r]);
+    mx[r] = Unified ? warp_max(m[r]) : m[r];
+    if (Unified) m[r] = a.phi;  // every warp's O~ and l are relative to the same phi
+  }
+  __syncthreads();
+  float* scratch = reinterpret_cast<float*>(smem) + warp * R * (D + 3);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float* row = scratch + r * (D + 3);
+    if (lane == 0) row[D] = m[r], row[D + 1] = l[r], row[D + 2] = mx[r];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) row[lane * kCols + c] = acc[r][c];
+  }
+  __syncthreads();
+}
+
+// The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R>::kBytes dynamic.
+template <class T, int D, int R, bool Paged, bool Unified>
+__global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
+  using L = Smem<D, R>;
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  const int units = gridDim.z / a.p.batch;
+  const int s = blockIdx.x, b = blockIdx.z / units, u = blockIdx.z % units;
+  const int r0 = blockIdx.y * R, nrows = min(R, a.rows.per_unit() - r0);
+  const int hk = a.p.kv_head_of(a.rows.head(u, r0));  // every row of a unit shares one kv head
+  const int n_b = a.kv_lens[b];
+  const fa::Problem pb = seen_by(a.p, n_b);
+  const KeyRange keys = split_range(n_b, a.splits, s);
+
+  // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend)
+  float* Qs = reinterpret_cast<float*>(smem + L::kKV);
+  const float scale = a.p.softmax_scale();
+  for (int e = threadIdx.x; e < R * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    float x = 0.f;
+    if (r < nrows) x = float(a.q[a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(a.rows.query(r0 + r)) * D + c]);
+    Qs[e] = x * scale;
+  }
+  __syncthreads();
+
+  if constexpr (Unified) {
+    attend<T, D, R, Paged, true>(a, b, hk, r0, nrows, keys, pb, smem);
+    // The fallback test (README §5): any row whose largest score left [phi - 60, phi + 60] -> redo with the max.
+    bool trip = false;
+    if (threadIdx.x < nrows) {
+      float M = -INFINITY;
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, reinterpret_cast<const float*>(smem)[(w * R + threadIdx.x) * (D + 3) + D + 2]);
+      trip = unified_max_trips(M, a.phi);
+    }
+    if (__syncthreads_or(trip)) {
+      if (threadIdx.x == 0) atomicAdd(a.fallbacks, 1);
+      attend<T, D, R, Paged, false>(a, b, hk, r0, nrows, keys, pb, smem);
+    }
+  } else {
+    attend<T, D, R, Paged, false>(a, b, hk, r0, nrows, keys, pb, smem);
+  }
+
+  // line 11: merge the warps: M = max m_w, L = sum l_w e^(m_w - M), O~ = sum O~_w e^(m_w - M)
+  const float* scratch = reinterpret_cast<const float*>(smem);
+  float* fin = reinterpret_cast<float*>(smem + L::kKV + L::kQ + L::kP);  // [R] M, [R] L, [kWarps][R] weights
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    float M = -INFINITY, Lsum = 0.f;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch[(w * R + r) * (D + 3) + D]);
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = scratch[(w * R + r) * (D + 3) + D];
+      const float wt = mw == -INFINITY ? 0.f : expf(mw - M);
+      fin[2 * R + w * R + r] = wt;
+      Lsum += wt * scratch[(w * R + r) * (D + 3) + D + 1];
+    }
+    fin[r] = M, fin[R + r] = Lsum;
+  }
+  __syncthreads();
+
+  // line 12: the partial (O_s, LSE_s), or with one split O and LSE themselves
+  const bool direct = a.splits == 1;
+  for (int e = threadIdx.x; e < nrows * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    float o = 0.f;
+    for (int w = 0; w < kWarps; ++w) o += fin[2 * R + w * R + r] * scratch[(w * R + r) * (D + 3) + c];
+    const float Lsum = fin[R + r];
+    o = Lsum > 0.f ? o / Lsum : 0.f;
+    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);  // the query row
+    if (direct) a.o[g * D + c] = T(o);
+    else a.ws_o[(size_t(s) * a.q_rows + g) * D + c] = o;
+  }
+  if (threadIdx.x < nrows) {
+    const int r = threadIdx.x;
+    const float Lsum = fin[R + r];
+    const float lse = Lsum > 0.f ? fin[r] + logf(Lsum) : -INFINITY;
+    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);
+    if (direct) a.lse[g] = lse;
+    else a.ws_lse[size_t(s) * a.q_rows + g] = lse;
+  }
+}
+
+// Algorithm 2, the merge: one warp per query row g, lane owns d/32 columns. Reads LSE_s (all splits) twice and
+// O_s once; empty splits (LSE_s = -inf) are skipped, so their O_s is never read into the sum.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, const float* __restrict__ ws_o,
+                                                         const float* __restrict__ ws_lse, T* __restrict__ o,
+                                                         float* __restrict__ lse) {
+  constexpr int kCols = D / 32;
+  const int g = blockIdx.x * kMergeRows + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (g >= rows) return;
+  float M = -INFINITY;  // line 1
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_lse[size_t(s) * rows + g]);
+  float acc[kCols] = {}, Lsum = 0.f;
+  if (M != -INFINITY)
+    for (int s = 0; s < splits; ++s) {  // lines 2-3
+      const float ls = ws_lse[size_t(s) * rows + g];
+      if (ls == -INFINITY) continue;
+      const float w = expf(ls - M);
+      Lsum += w;
+      const float* os = ws_o + (size_t(s) * rows + g) * D + lane * kCols;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, os[c], acc[c]);
+    }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o[size_t(g) * D + lane * kCols + c] = T(Lsum > 0.f ? acc[c] / Lsum : 0.f);  // line 4
+  if (lane == 0) lse[g] = Lsum > 0.f ? M + logf(Lsum) : -INFINITY;
+}
+
+// The ceiling: read the visible K and V rows of every (b, kv head) as 16-byte loads, grid (blocks, B x Hkv),
+// kReadUnroll loads of each matrix in flight per thread. The XOR of everything read is written only if it equals a
+// sentinel, so the loads cannot be optimised away.
+constexpr int kReadUnroll = 4;
+constexpr int kReadBlocksPerSm = 8;  // enough resident threads x loads in flight to cover HBM latency
+constexpr unsigned kSentinel = 0x9e3779b9u;
+__global__ void __launch_bounds__(kThreads) read_kernel(fa::Problem p, const uint4* __restrict__ k,
+                                                        const uint4* __restrict__ v, const int* __restrict__ lens,
+                                                        unsigned* sink) {
+  constexpr int kElem = 2;  // fp16 and bf16
+  const int b = blockIdx.y / p.kv_heads, hk = blockIdx.y % p.kv_heads;
+  const size_t per_row = size_t(p.head_dim) * kElem / 16;  // 16-byte vectors per row
+  const size_t base = p.kv_offset(b, hk) * kElem / 16, n = size_t(lens[b]) * per_row;
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  unsigned x = 0;
+  for (size_t e0 = size_t(blockIdx.x) * kThreads + threadIdx.x; e0 < n; e0 += stride * kReadUnroll) {
+    uint4 a[kReadUnroll], c[kReadUnroll];
+#pragma unroll
+    for (int t = 0; t < kReadUnroll; ++t) {
+      const size_t e = e0 + t * stride;
+      a[t] = e < n ? k[base + e] : make_uint4(0, 0, 0, 0);
+      c[t] = e < n ? v[base + e] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int t = 0; t < kReadUnroll; ++t) x ^= a[t].x ^ a[t].y ^ a[t].z ^ a[t].w ^ c[t].x ^ c[t].y ^ c[t].z ^ c[t].w;
+  }
+  if (x == kSentinel) *sink = x;
+}
+
+// The chapter's random inputs (plan.hpp's input_value) written straight into device memory, rounded to T.
+template <class T>
+__global__ void fill_kernel(T* x, size_t n, uint64_t seed, Tensor which) {
+  for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += size_t(gridDim.x) * blockDim.x)
+    x[e] = T(input_value(seed, which, e));
+}
+constexpr int kFillBlocks = 4096;
+
+// ---- dispatch over the compiled configurations ------------------------------------------------------------
+template <class T>
+struct Tag {
+  using type = T;
+};
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+template <class F>
+void with_dtype_dim(fa::Dtype t, int d, F&& f) {
+  auto dim = [&](auto tag) {
+    if (d == 64) f(tag, Int<64>{});
+    else f(tag, Int<128>{});
+  };
+  if (t == fa::Dtype::fp16) dim(Tag<__half>{});
+  else dim(Tag<__nv_bfloat16>{});
+}
+template <class F>
+void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f) {
+  with_dtype_dim(t, d, [&](auto tag, auto dim) {
+    auto rows = [&](auto r) {
+      if (kernel.paged) f(tag, dim, r, std::true_type{}, std::false_type{});
+      else if (kernel.unified) f(tag, dim, r, std::false_type{}, std::true_type{});
+      else f(tag, dim, r, std::false_type{}, std::false_type{});
+    };
+    if (bucket == 1) rows(Int<1>{});
+    else if (bucket == 4) rows(Int<4>{});
+    else rows(Int<kMaxRows>{});
+  });
+}
+
+// The kernel function of a configuration, with its shared-memory limit raised once.
+template <class T, int D, int R, bool Paged, bool Unified>
+auto split_kernel_ready() {
+  auto fn = split_kernel<T, D, R, Paged, Unified>;
+  static const bool raised = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, R>::kBytes));
+    return true;
+  }();
+  (void)raised;
+  return fn;
+}
+
+int log2_of(int x) {  // x a power of two (check_page_size)
+  int l = 0;
+  while ((1 << l) < x) ++l;
+  return l;
+}
+
+}  // namespace
+
+const std::vector<KernelInfo>& kernels() {
+  static const std::vector<KernelInfo> list = {
+      {Kernel::fa2_grid, "fa2_grid", false, false, false, false,
+       "FA2's grid at decode time: one block per (query head, batch), walking all N keys"},
+      {Kernel::split_kv, "split_kv", false, true, false, false,
+       "Flash-Decoding: the keys split across blocks, partials merged by LSE; one query head per block"},
+      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false,
+       "split_kv with the query heads of a kv group packed into one block: K/V read once per group"},
+      {Kernel::unified_max, "unified_max", true, true, true, false,
+       "split_kv_gqa with FlashDecoding++'s fixed phi instead of the running max, falling back when unsafe"},
+      {Kernel::paged, "paged", true, true, false, true,
+       "split_kv_gqa reading K/V through a block table into a page pool"},
+  };
+  return list;
+}
+
+const KernelInfo& kernel_named(const std::string& name) {
+  std::string names;
+  for (const KernelInfo& k : kernels()) {
+    if (name == k.name) return k;
+    names += std::string(names.empty() ? "" : ", ") + k.name;
+  }
+  throw fa::UsageError("unknown kernel '" + name + "' (kernels: " + names + ", all)");
+}
+
+void check_supported(const fa::Problem& p) {
+  if (p.head_dim != 64 && p.head_dim != 128)
+    throw fa::UsageError("head_dim " + std::to_string(p.head_dim) + " is not supported here (supported: 64, 128)");
+  if (p.q_len > kMaxQLen)
+    throw fa::UsageError("q_len " + std::to_string(p.q_len) + " is not a decode step (supported: 1 .. " +
+                         std::to_string(kMaxQLen) + ")");
+  if (p.dropout_p != 0.f) throw fa::UsageError("decoding has no dropout (got --dropout " + std::to_string(p.dropout_p) + ")");
+  if ((long long)p.batch * p.heads > 65535) throw fa::UsageError("batch x heads must be <= 65535 (the grid's z limit)");
+}
+
+void check_page_size(int page_size) {
+  if (page_size < 16 || page_size > 256 || (page_size & (page_size - 1)))
+    throw fa::UsageError("page size " + std::to_string(page_size) + " is not supported (supported: 16, 32, 64, 128, 256)");
+}
+
+Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override) {
+  Launch l;
+  const int rows = rows_of(p, kernel.packed).per_unit();
+  l.row_bucket = row_bucket(rows), l.row_chunks = row_chunks(rows);
+  l.blocks_unsplit = (long long)p.batch * units_of(p, kernel.packed) * l.row_chunks;
+  l.sms = fa::device_props().multiProcessorCount;
+  with_config(kernel, t, p.head_dim, l.row_bucket, [&](auto tag, auto dim, auto r, auto paged, auto unified) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(dim)::value, R = decltype(r)::value;
+    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value>();
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, fn, kThreads, Smem<D, R>::kBytes));
+  });
+  l.max_splits = kernel.splits ? fdec_model::max_splits(max_len) : 1;
+  if (!kernel.splits) l.splits = 1;
+  else if (splits_override > 0) l.splits = splits_override;
+  else l.splits = fdec_model::choose_splits(l.blocks_unsplit, max_len, l.sms * std::max(l.blocks_per_sm, 1));
+  return l;
+}
+
+size_t workspace_floats(const fa::Problem& p, int splits) {
+  return splits > 1 ? size_t(splits) * p.lse_elems() * (p.head_dim + 1) : 0;
+}
+
+void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache, void* o,
+             float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks) {
+  if (launch.splits < 1 || launch.splits > kMaxSplits)
+    throw fa::UsageError("splits must be in 1 .. " + std::to_string(kMaxSplits));
+  if (launch.splits > 1 && !workspace) throw std::invalid_argument("forward: splits > 1 needs workspace_floats() floats");
+  if (kernel.paged) check_page_size(cache.page_size);
+  const Rows rows = rows_of(p, kernel.packed);
+  const dim3 grid(launch.splits, launch.row_chunks, p.batch * units_of(p, kernel.packed));
+  float* ws_o = workspace;
+  float* ws_lse = workspace ? workspace + size_t(launch.splits) * p.lse_elems() * p.head_dim : nullptr;
+  with_config(kernel, t, p.head_dim, launch.row_bucket, [&](auto tag, auto dim, auto r, auto paged, auto unified) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(dim)::value, R = decltype(r)::value;
+    Args<T> a{p,
+              rows,
+              launch.splits,
+              phi,
+              static_cast<const T*>(q),
+              static_cast<const T*>(cache.k),
+              static_cast<const T*>(cache.v),
+              cache.kv_lens,
+              cache.block_table,
+              cache.pages_per_seq,
+              kernel.paged ? log2_of(cache.page_size) : 0,
+              static_cast<T*>(o),
+              lse,
+              ws_o,
+              ws_lse,
+              fallbacks,
+              p.lse_elems()};
+    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value>();
+    fn<<<grid, kThreads, Smem<D, R>::kBytes>>>(a);
+    CHECK_LAUNCH();
+    if (launch.splits > 1) {
+      const int n = int(p.lse_elems());
+      merge_kernel<T, D><<<(n + kMergeRows - 1) / kMergeRows, kThreads>>>(n, launch.splits, ws_o, ws_lse,
+                                                                         static_cast<T*>(o), lse);
+      CHECK_LAUNCH();
+    }
+  });
+}
+
+void fill_random(fa::Dtype t, size_t n, uint64_t seed, Tensor which, void* x) {
+  if (n == 0) return;
+  const int blocks = int(std::min<size_t>(kFillBlocks, (n + kThreads - 1) / kThreads));
+  if (t == fa::Dtype::fp16) fill_kernel<<<blocks, kThreads>>>(static_cast<__half*>(x), n, seed, which);
+  else fill_kernel<<<blocks, kThreads>>>(static_cast<__nv_bfloat16*>(x), n, seed, which);
+  CHECK_LAUNCH();
+}
+
+void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, unsigned* sink) {
+  static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "both dtypes are 2 bytes");
+  static_assert((64 * 2) % 16 == 0, "a K/V row of the supported head_dims is a whole number of 16-byte vectors");
+  const int slices = p.batch * p.kv_heads;
+  const long long vectors = (long long)max_len * p.head_dim * 2 / 16;  // of the longest slice
+  const long long useful = std::max(1LL, (vectors + kThreads - 1) / kThreads);
+  const int per_slice = int(std::min<long long>(useful, std::max(1, kReadBlocksPerSm * sms / slices)));
+  read_kernel<<<dim3(per_slice, slices), kThreads>>>(p, static_cast<const uint4*>(cache.k),
+                                                     static_cast<const uint4*>(cache.v), cache.kv_lens, sink);
+  CHECK_LAUNCH();
+}
+
+}  // namespace fdec

@@ -1,0 +1,79 @@
+// Chapter 06 host API: attention for decoding (q_len 1..8 new tokens against a long K/V cache), fp16/bf16 K/V,
+// fp32 accumulation. Seeds: Flash-Decoding (split the keys across blocks, merge the partials by their LSE) and
+// FlashDecoding++ (a unified max instead of the running max, with a fallback).
+//
+// Layouts (plan.hpp): Q, O [B, H, q_len, d] in the dtype; LSE [B, H, q_len] fp32 (natural log; -inf and O = 0 for a
+// row that sees no key); K, V [B, Hkv, N, d] with N = p.kv_len the cache capacity, or, for the paged kernel, page
+// pools [num_pages, Hkv, page_size, d] and a block table [B, pages_per_seq]; kv_lens [B] the context length of
+// each batch entry (0 .. N). Causal (q_len > 1) is bottom-right relative to each entry's own length.
+// Supported: head_dim 64 and 128 (anything else is a fa::UsageError naming these), q_len 1..8, page sizes that are
+// powers of two from 16 to 256.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lowp.hpp"
+#include "plan.hpp"
+#include "problem.hpp"
+
+namespace fdec {
+
+// The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
+// over this one list.
+enum class Kernel { fa2_grid, split_kv, split_kv_gqa, unified_max, paged };
+struct KernelInfo {
+  Kernel id;
+  const char* name;
+  bool packed;   // the query heads of a kv group share one read of K/V
+  bool splits;   // the keys are split across blocks (else one block walks them all, as FA2's grid does)
+  bool unified;  // FlashDecoding++'s fixed phi instead of the running max, with the fallback
+  bool paged;    // K/V come through a block table
+  const char* summary;
+};
+const std::vector<KernelInfo>& kernels();
+// The registry entry called `name`; throws fa::UsageError listing the names.
+const KernelInfo& kernel_named(const std::string& name);
+
+// Throws fa::UsageError naming what this chapter supports (head_dim, q_len, grid limits).
+void check_supported(const fa::Problem& p);
+
+// The K/V cache as the kernels read it (device pointers).
+struct Cache {
+  const void* k = nullptr;  // [B, Hkv, N, d], or the K page pool [num_pages, Hkv, page_size, d]
+  const void* v = nullptr;
+  const int* kv_lens = nullptr;      // [B]
+  const int* block_table = nullptr;  // paged only: [B, pages_per_seq], entries in 0 .. num_pages - 1
+  int pages_per_seq = 0, page_size = 0;
+};
+// Throws fa::UsageError unless page_size is a power of two in 16 .. 256.
+void check_page_size(int page_size);
+
+// How a kernel will be launched for a problem: the split count (the heuristic's unless overridden) and the grid.
+struct Launch {
+  int splits = 1;
+  int row_bucket = 1, row_chunks = 1;  // rows per block (1, 4 or 16) and blocks per unit of rows
+  long long blocks_unsplit = 0;        // batch x units x row chunks
+  int sms = 0, blocks_per_sm = 0;      // the device's SMs and how many of these blocks one SM holds
+  int max_splits = 1;                  // the largest split count worth trying for this max_len
+};
+// max_len: the longest context of the batch. splits_override > 0 forces that split count (kernels without
+// splits always use 1). Queries the device (SM count, occupancy).
+Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
+
+// Device memory forward() needs with `splits` > 1: O_s [splits, B*H*q_len, d] and LSE_s [splits, B*H*q_len], fp32.
+size_t workspace_floats(const fa::Problem& p, int splits);
+
+// One decode step: O (dtype) and LSE (fp32). q, o: 16-bit device arrays of the dtype. fallbacks: a device int the
+// unified-max kernel adds 1 to for every split block that fell back to the running max (other kernels leave it).
+void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache,
+             void* o, float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks);
+
+// The ceiling: a read-only kernel that reads exactly the K and V rows a decode step must read (every visible key
+// of every kv head, contiguous cache) and writes nothing but an unlikely sentinel. max_len: the longest context;
+// sms: the device's SM count (the grid is sized to keep every SM busy).
+void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, unsigned* sink);
+
+// n elements of tensor `which` (plan.hpp's input_value(seed, which, index)), rounded to the dtype, on the device.
+void fill_random(fa::Dtype t, size_t n, uint64_t seed, Tensor which, void* x);
+
+}  // namespace fdec

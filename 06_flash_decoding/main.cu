@@ -1,0 +1,356 @@
+// Chapter 06 program: one decode step (q_len 1..8 new tokens against a K/V cache) by every kernel of the chapter,
+// each checked against the fp64 reference on the rounded inputs (FlashAttention's 2x rule), timed, and reported
+// as K/V bandwidth next to the chapter's read-only ceiling.
+//   ./flash_decoding                                        B=1 H=32 Hkv=32 q_len=1 N=4096 d=128 fp16, all kernels
+//   ./flash_decoding --kv-heads 8 --kv-len 131072           GQA 32/8 at a 128k context
+//   ./flash_decoding --batch 4 --kv-lens 4096,17,0,1        ragged context lengths (0: O = 0, LSE = -inf)
+//   ./flash_decoding --batch 8 --kv-len 32768 --ragged      lengths drawn uniformly from 0..N (entry 0 keeps N)
+//   ./flash_decoding --kernel split_kv_gqa --sweep-splits   every split count 1..max, the heuristic's marked
+//   ./flash_decoding --kernel unified_max --scale 30        large logits: the unified max falls back
+//   ./flash_decoding --q-len 4 --causal --dtype bf16        speculative decoding, bottom-right causal, bf16
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "cache_host.cuh"
+#include "device.cuh"
+#include "flash_decoding.cuh"
+#include "formulas.hpp"
+#include "model.hpp"
+#include "npy.hpp"
+#include "program.hpp"
+#include "testing.hpp"
+#include "timer.cuh"
+
+namespace {
+
+constexpr int kDefaultContext = 4096;  // --kv-len when neither it nor --kv-lens is given
+constexpr double kCheckBudget = 2e9;   // fp64 multiply-adds the check may spend before it samples kv groups
+constexpr fa::Tolerance kTolLse = fa::kTolFp32Forward;  // LSE is fp32 from exact (rounded) inputs, as in chapter 04
+
+struct Flags {
+  std::string kernel = "all", dtype = "fp16", kv_lens, phi = "0";
+  bool ragged = false, sweep_splits = false;
+  int splits = 0, page_size = 16;
+};
+
+// ---- parse: everything the command line asks for, checked before any device work (exit 2) ----
+struct Setup {
+  fa::Dtype t = fa::Dtype::fp16;
+  std::vector<const fdec::KernelInfo*> kernels;
+  std::vector<int> lens;  // per batch entry; filled once the shape is final (after --in)
+  float phi = 0.f;
+};
+
+std::vector<int> parse_int_list(const std::string& s, const char* flag) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end || errno || x < 0 || x > INT32_MAX)
+      throw fa::UsageError(std::string("bad value '") + item + "' in " + flag + ": expected non-negative integers");
+    v.push_back(int(x));
+  }
+  return v;
+}
+
+Setup parse_setup(fa::Options& opts, const Flags& f) {
+  Setup s;
+  s.t = fa::parse_dtype(f.dtype);
+  if (f.kernel == "all") {
+    for (const auto& k : fdec::kernels()) s.kernels.push_back(&k);
+  } else {
+    s.kernels.push_back(&fdec::kernel_named(f.kernel));
+  }
+  char* end = nullptr;
+  s.phi = std::strtof(f.phi.c_str(), &end);
+  if (f.phi.empty() || *end || !std::isfinite(s.phi)) throw fa::UsageError("bad value '" + f.phi + "' for --phi");
+  if (f.splits < 0 || f.splits > fdec::kMaxSplits)
+    throw fa::UsageError("--splits must be in 1 .. " + std::to_string(fdec::kMaxSplits) + " (0: the heuristic)");
+  fdec::check_page_size(f.page_size);
+  if (f.ragged && !f.kv_lens.empty()) throw fa::UsageError("--ragged draws the lengths; it cannot be combined with --kv-lens");
+  fa::Problem& p = opts.problem;
+  if (opts.in_dir.empty() && !opts.given.count("--kv-len")) {  // the Cli's default (kv-len = q-len) is not a cache
+    const std::vector<int> lens = parse_int_list(f.kv_lens, "--kv-lens");
+    p.kv_len = lens.empty() ? kDefaultContext : std::max(1, *std::max_element(lens.begin(), lens.end()));
+  }
+  if (opts.in_dir.empty()) {
+    p.validate();
+    fdec::check_supported(p);
+  }
+  return s;
+}
+
+// The context length of every batch entry, once the shape is final.
+std::vector<int> context_lengths(const fa::Problem& p, const Flags& f) {
+  if (f.ragged) {  // uniform in 0 .. N, entry 0 keeps N so the longest case is always present
+    fa::Rng rng(p.seed * 7 + 5);
+    std::vector<int> lens(p.batch, p.kv_len);
+    for (int b = 1; b < p.batch; ++b) lens[b] = int(rng.next() % uint64_t(p.kv_len + 1));
+    return lens;
+  }
+  if (f.kv_lens.empty()) return std::vector<int>(p.batch, p.kv_len);
+  const std::vector<int> lens = parse_int_list(f.kv_lens, "--kv-lens");
+  if (int(lens.size()) != p.batch)
+    throw fa::UsageError("--kv-lens has " + std::to_string(lens.size()) + " lengths for batch " + std::to_string(p.batch));
+  for (int n : lens)
+    if (n > p.kv_len)
+      throw fa::UsageError("--kv-lens: length " + std::to_string(n) + " exceeds the cache capacity --kv-len " +
+                           std::to_string(p.kv_len));
+  return lens;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return v.size() > 16 ? s + ",..." : s;
+}
+
+// ---- inputs: 16-bit tensors on the device, and the rounded values the host checks with ----
+struct Inputs {
+  fa::DeviceBuffer<uint16_t> q;
+  fdec::DeviceCache cache;
+  std::vector<float> hq, hk, hv;  // whole host copies (rounded) with --in; empty for device-made inputs
+  // The rounded value of element `index` of a tensor: from the host copy, or recomputed as the device made it.
+  float value(fa::Dtype t, uint64_t seed, fdec::Tensor which, size_t index) const {
+    const std::vector<float>& h = which == fdec::Tensor::q ? hq : which == fdec::Tensor::k ? hk : hv;
+    return h.empty() ? fa::round_to(t, fdec::input_value(seed, which, index)) : h[index];
+  }
+};
+
+// files: the tensors --in read (nullptr: make random inputs on the device).
+void make_inputs(const fa::Problem& p, const Setup& s, fa::HostTensors* files, Inputs& in) {
+  if (files) {  // rounded on load; a float16 .npy is fp16 already and stays as it is
+    fa::HostTensors& h = *files;
+    in.hq = fa::rounded(s.t, std::move(h.q)), in.hk = fa::rounded(s.t, std::move(h.k)), in.hv = fa::rounded(s.t, std::move(h.v));
+    in.q = fa::DeviceBuffer<uint16_t>(fdec::narrow(s.t, in.hq));
+    in.cache.k = fa::DeviceBuffer<uint16_t>(fdec::narrow(s.t, in.hk));
+    in.cache.v = fa::DeviceBuffer<uint16_t>(fdec::narrow(s.t, in.hv));
+  } else {  // made on the device: a 128k-token cache is gigabytes
+    in.q = fa::DeviceBuffer<uint16_t>(p.q_elems());
+    in.cache.k = fa::DeviceBuffer<uint16_t>(p.kv_elems());
+    in.cache.v = fa::DeviceBuffer<uint16_t>(p.kv_elems());
+    fdec::fill_random(s.t, p.q_elems(), p.seed, fdec::Tensor::q, in.q.get());
+    fdec::fill_random(s.t, p.kv_elems(), p.seed, fdec::Tensor::k, in.cache.k.get());
+    fdec::fill_random(s.t, p.kv_elems(), p.seed, fdec::Tensor::v, in.cache.v.get());
+  }
+  in.cache.kv_lens = fa::DeviceBuffer<int>(s.lens);
+}
+
+// ---- check: the fp64 reference and the plain same-dtype attention on whole kv groups ----
+struct Group {  // query heads hk*group .. of batch entry b, rows [group, q_len]
+  int b, hk;
+  std::vector<double> o, lse;
+  std::vector<float> plain;
+};
+
+std::vector<Group> reference_groups(const fa::Problem& p, const Setup& s, const Inputs& in) {
+  std::vector<std::pair<int, int>> which;
+  double cost = 0;
+  for (int b = 0; b < p.batch; ++b) cost += 2.0 * s.lens[b] * p.head_dim * p.q_len * p.heads;
+  if (cost <= kCheckBudget) {
+    for (int b = 0; b < p.batch; ++b)
+      for (int hk = 0; hk < p.kv_heads; ++hk) which.push_back({b, hk});
+  } else {
+    which = {{0, 0}};
+    if (p.batch * p.kv_heads > 1) which.push_back({p.batch - 1, p.kv_heads - 1});
+  }
+  const int g = p.group(), d = p.head_dim;
+  std::vector<Group> groups;
+  for (auto [b, hk] : which) {
+    Group gr{b, hk, {}, {}, {}};
+    const int n = s.lens[b];
+    fa::Problem pg = p;  // the group as a problem of its own: batch 1, one kv head, kv_len n
+    pg.batch = 1, pg.heads = g, pg.kv_heads = 1, pg.kv_len = std::max(n, 1);
+    std::vector<float> q(pg.q_elems()), k(size_t(n) * d), v(size_t(n) * d);
+    for (size_t e = 0; e < q.size(); ++e) q[e] = in.value(s.t, p.seed, fdec::Tensor::q, p.q_offset(b, hk * g) + e);
+    for (size_t e = 0; e < k.size(); ++e) {
+      k[e] = in.value(s.t, p.seed, fdec::Tensor::k, p.kv_offset(b, hk) + e);
+      v[e] = in.value(s.t, p.seed, fdec::Tensor::v, p.kv_offset(b, hk) + e);
+    }
+    gr.plain.assign(pg.q_elems(), 0.f);
+    if (n == 0) {  // no key at all: O = 0, LSE = -inf
+      gr.o.assign(pg.q_elems(), 0.0), gr.lse.assign(pg.lse_elems(), -INFINITY);
+    } else {
+      fa::reference_forward(pg, q.data(), k.data(), v.data(), gr.o, gr.lse);
+      for (int h = 0; h < g; ++h)
+        fa::plain_lowp_forward_rows(s.t, pg, 0, h, 0, p.q_len, q.data(), k.data(), v.data(), gr.plain.data() + pg.q_offset(0, h));
+    }
+    groups.push_back(std::move(gr));
+  }
+  return groups;
+}
+
+struct Check {
+  fa::ErrorReport o, lse;
+  double bound = 0;
+  bool ok() const { return o.ok() && lse.ok(); }
+};
+
+Check check(const fa::Problem& p, const Setup& s, const std::vector<Group>& groups, const std::vector<float>& o,
+            const std::vector<float>& lse) {
+  double plain_err = 0;
+  for (const Group& gr : groups) plain_err = std::max(plain_err, fa::compare(gr.plain, gr.o, {1e30, 0}).max_abs);
+  Check c;
+  c.bound = fa::lowp_error_bound(s.t, plain_err);
+  for (const Group& gr : groups) {
+    const size_t q0 = p.q_offset(gr.b, gr.hk * p.group()), l0 = p.lse_offset(gr.b, gr.hk * p.group());
+    c.o += fa::compare(o.data() + q0, gr.o.data(), gr.o.size(), {c.bound, 0});
+    c.lse += fa::compare(lse.data() + l0, gr.lse.data(), gr.lse.size(), kTolLse);
+  }
+  return c;
+}
+
+void write_outputs(const std::string& dir, const fa::Problem& p, fa::Dtype t, const std::vector<uint16_t>& o,
+                   const std::vector<float>& lse) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw std::runtime_error("cannot create folder " + dir);
+  const std::vector<size_t> qs = {size_t(p.batch), size_t(p.heads), size_t(p.q_len), size_t(p.head_dim)};
+  if (t == fa::Dtype::fp16) fa::npy_write(dir + "/o.npy", qs, reinterpret_cast<const fa::half_t*>(o.data()));
+  else fa::npy_write(dir + "/o.npy", qs, fdec::widen(t, o).data());  // bf16 widened exactly to float32
+  fa::npy_write(dir + "/lse.npy", {size_t(p.batch), size_t(p.heads), size_t(p.q_len)}, lse.data());
+  std::printf("wrote:   %s/o.npy (%s), %s/lse.npy (float32)\n", dir.c_str(), t == fa::Dtype::fp16 ? "float16" : "float32",
+              dir.c_str());
+}
+
+// ---- run: every kernel, checked, then timed ----
+bool run(const fa::Options& opts, const Setup& s, const Flags& f, fa::HostTensors* files) {
+  const fa::Problem& p = opts.problem;
+  Inputs in;
+  make_inputs(p, s, files, in);
+  const int max_len = *std::max_element(s.lens.begin(), s.lens.end());
+  if (std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->paged; }))
+    in.cache.build_pages(p, s.lens, f.page_size, p.seed);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::printf("lengths: %s (capacity %d)\n", join(s.lens).c_str(), p.kv_len);
+  const std::vector<Group> groups = reference_groups(p, s, in);
+
+  fa::DeviceBuffer<uint16_t> o(p.q_elems());
+  fa::DeviceBuffer<float> lse(p.lse_elems()), ws;
+  fa::DeviceBuffer<int> fallbacks(1);
+  const std::string gpu = fa::device_name();
+  const int elem = 2;
+  const double kv = fdec_model::kv_bytes(p, s.lens, elem);
+  double flops = 0;  // 4 d per visible (query, key) pair
+  for (int b = 0; b < p.batch; ++b) flops += fa::flops_forward(fdec::seen_by(p, s.lens[b])) / p.batch;
+  std::vector<fa::ResultRow> rows;
+  bool ok = true;
+
+  // One kernel at one split count: poisoned outputs, checked, then timed.
+  auto run_one = [&](const fdec::KernelInfo& k, const fdec::Launch& l, const std::string& label) {
+    if (fdec::workspace_floats(p, l.splits) > ws.size()) ws = fa::DeviceBuffer<float>(fdec::workspace_floats(p, l.splits));
+    const fdec::Cache cache = k.paged ? in.cache.paged() : in.cache.contiguous();
+    auto step = [&] { fdec::forward(k, p, s.t, in.q.get(), cache, o.get(), lse.get(), l, s.phi, ws.get(), fallbacks.get()); };
+    o.poison(), lse.poison(), fallbacks.zero();
+    if (ws.size()) ws.poison();
+    step();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> ob = o.download();
+    const std::vector<float> lo = lse.download();
+    const Check c = check(p, s, groups, fdec::widen(s.t, ob), lo);
+    std::printf("check:   %-16s splits %3d: %s; %s (bound %.3g = 2 x plain %s + floor)\n", label.c_str(), l.splits,
+                c.o.summary("O").c_str(), c.lse.summary("LSE").c_str(), c.bound, fa::dtype_name(s.t));
+    if (k.unified)
+      std::printf("         unified max (phi = %g): %d of %lld split blocks fell back to the running max\n", s.phi,
+                  fallbacks.download()[0], l.blocks_unsplit * l.splits);
+    ok = ok && c.ok();
+    if (!opts.out_dir.empty()) write_outputs(opts.out_dir, p, s.t, ob, lo);
+    if (opts.iters <= 0) return;
+    const double ms = fa::time_ms(step, opts.warmup, opts.iters).median_ms;
+    rows.push_back({gpu, "06", label, "fwd", fa::dtype_name(s.t), p, ms, fa::tflops(flops, ms), fa::gbps(kv, ms),
+                    fdec_model::model_hbm_bytes(p, s.lens, elem, k.packed, l.splits),
+                    double(fdec::workspace_floats(p, l.splits)) * 4, c.o.max_abs});
+  };
+
+  for (const fdec::KernelInfo* k : s.kernels) {
+    const fdec::Launch l = fdec::plan(*k, p, s.t, max_len, f.splits);
+    std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d split(s) of %d keys%s\n", k->name,
+                l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits, fdec::split_len(max_len, l.splits),
+                f.splits ? " (--splits)" : k->splits ? " (heuristic)" : "");
+    run_one(*k, l, k->name);
+    if (f.sweep_splits && k->splits)
+      for (int sp = 1; sp <= l.max_splits; ++sp) {
+        fdec::Launch ls = fdec::plan(*k, p, s.t, max_len, sp);
+        const bool chosen = sp == fdec::plan(*k, p, s.t, max_len, 0).splits;
+        run_one(*k, ls, std::string(k->name) + "/s" + std::to_string(sp) + (chosen ? "*" : ""));
+      }
+  }
+
+  // The ceiling: the same K and V bytes, read and nothing else.
+  if (opts.iters > 0) {
+    fa::DeviceBuffer<unsigned> sink(1);
+    const int sms = fa::device_props().multiProcessorCount;
+    const double ms = fa::time_ms([&] { fdec::read_kv(p, in.cache.contiguous(), max_len, sms, sink.get()); },
+                                  opts.warmup, opts.iters).median_ms;
+    rows.push_back({gpu, "06", "read_kv", "read", fa::dtype_name(s.t), p, ms, 0, fa::gbps(kv, ms), kv, 0, -1});
+    fa::report_rows(opts, rows);
+    std::printf("gbps = K and V bytes of the visible keys (%s) / time; the kernels also read Q and write O, LSE (and "
+                "with splits > 1 write and re-read the workspace): model_hbm_bytes counts all of it\n",
+                fa::human_bytes(kv).c_str());
+  }
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  fa::Options defaults;
+  defaults.problem.batch = 1, defaults.problem.heads = 32, defaults.problem.q_len = 1, defaults.problem.head_dim = 128;
+  fa::Cli cli("flash_decoding",
+              "Chapter 06: decoding attention (q_len 1..8 against a K/V cache of capacity --kv-len, default 4096), "
+              "fp16/bf16, every kernel checked against the fp64 reference and timed next to a read-only ceiling.",
+              defaults);
+  cli.add_check(fdec::check_supported);
+  cli.add_option("--kernel", &f.kernel, "kernel to run: fa2_grid, split_kv, split_kv_gqa, unified_max, paged, or all");
+  cli.add_option("--dtype", &f.dtype, "fp16 or bf16 (Q, K, V, O; LSE is fp32)");
+  cli.add_option("--kv-lens", &f.kv_lens, "context length of each batch entry, e.g. 4096,17,0,1 (default: all --kv-len)");
+  cli.add_flag("--ragged", &f.ragged, "draw each entry's context length uniformly from 0..kv-len (entry 0 keeps kv-len)");
+  cli.add_option("--splits", &f.splits, "split count (0: the heuristic)");
+  cli.add_flag("--sweep-splits", &f.sweep_splits, "also run every split count 1..max (each checked; * marks the heuristic's)");
+  cli.add_option("--phi", &f.phi, "the unified max phi of the unified_max kernel");
+  cli.add_option("--page-size", &f.page_size, "keys per page of the paged kernel (16, 32, 64, 128, 256)");
+
+  fa::Options opts;
+  Setup s;
+  try {  // parse: every usage error exits 2 before any device work
+    opts = cli.parse(argc, argv);
+    if (opts.help) {
+      std::printf("%s", cli.usage().c_str());
+      return 0;
+    }
+    s = parse_setup(opts, f);
+    if (opts.in_dir.empty()) s.lens = context_lengths(opts.problem, f);
+  } catch (const fa::UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  std::printf("problem: %s dtype=%s\n", opts.in_dir.empty() ? fa::describe(opts.problem).c_str() : ("inputs from " + opts.in_dir).c_str(),
+              fa::dtype_name(s.t));
+  if (!fa::has_cuda_device()) {
+    std::fprintf(stderr, "error: no CUDA device (this program runs its kernels on an NVIDIA GPU)\n");
+    return 1;
+  }
+  try {
+    std::printf("device:  %s\n", fa::device_name().c_str());
+    fa::HostTensors files;
+    if (!opts.in_dir.empty()) {  // the shape comes from the files: the lengths are checked against it here
+      files = fa::load_inputs(opts, false);
+      s.lens = context_lengths(opts.problem, f);
+    }
+    const bool ok = run(opts, s, f, opts.in_dir.empty() ? nullptr : &files);
+    std::printf("%s\n", ok ? "PASSED" : "FAILED");
+    return ok ? 0 : 1;
+  } catch (const fa::UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,94 @@
+// The indexing every 06 kernel and the CPU model (model.hpp) share, host and device: which query rows a block
+// owns, which keys a split covers, the problem a batch entry sees. One definition, so the model mirrors the kernels.
+//
+// Decoding problem: Q [B, H, q_len, d] (q_len 1..8), a K/V cache [B, Hkv, N, d] with N = p.kv_len the cache
+// *capacity*, and a per-batch context length n_b = kv_lens[b] (0 <= n_b <= N): batch entry b attends to keys
+// 0 .. n_b - 1 only, causal bottom-right relative to its own n_b when asked.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "hd.hpp"
+#include "problem.hpp"
+
+namespace fdec {
+
+constexpr int kWarps = 4;          // warps per block; they split the keys of a split between them
+constexpr int kThreads = 32 * kWarps;
+constexpr int kKeysPerWarp = 32;   // one key per lane per step: a warp's chunk of keys
+constexpr int kMaxRows = 16;       // query rows one block keeps (the largest row bucket below)
+constexpr int kMaxQLen = 8;        // decoding: 1 token, or a few for speculative decoding
+constexpr int kMaxSplits = 128;    // upper bound of the split count (and of --splits)
+constexpr int kMinSplitKeys = 256; // the heuristic gives each split at least this many keys (see README)
+
+// The problem batch entry b sees: the same shape with kv_len = n_b, so Problem's own causal test
+// (visible, visible_keys) applies relative to b's length. Offsets must still come from the full problem
+// (the cache is laid out with the capacity N).
+FA_HD fa::Problem seen_by(const fa::Problem& p, int n_b) {
+  fa::Problem pb = p;
+  pb.kv_len = n_b;
+  return pb;
+}
+
+// The query rows of a block. A "unit" is the set of query heads that share one read of K/V:
+//   packed (GQA done right): the group() heads of kv head u, rows = group * q_len;
+//   unpacked (one head per unit, as FA2's grid):      head u,  rows = q_len.
+// Row r of a unit is query i = r % q_len of head h = u * heads_per_unit + r / q_len.
+struct Rows {
+  int heads_per_unit;  // group() when packed, else 1
+  int q_len;
+  FA_HD int per_unit() const { return heads_per_unit * q_len; }
+  FA_HD int head(int u, int r) const { return u * heads_per_unit + r / q_len; }
+  FA_HD int query(int r) const { return r % q_len; }
+};
+FA_HD Rows rows_of(const fa::Problem& p, bool packed) { return Rows{packed ? p.group() : 1, p.q_len}; }
+FA_HD int units_of(const fa::Problem& p, bool packed) { return packed ? p.kv_heads : p.heads; }
+
+// The keys of split s (of `splits`) of a sequence of n keys: [begin, end), possibly empty. Splits are a whole
+// number of warp chunks long, so a chunk never straddles two splits.
+struct KeyRange {
+  int begin, end;
+  FA_HD bool empty() const { return begin >= end; }
+};
+FA_HD int split_len(int n, int splits) {
+  const int per = (n + splits - 1) / splits;
+  return (per + kKeysPerWarp - 1) / kKeysPerWarp * kKeysPerWarp;
+}
+FA_HD KeyRange split_range(int n, int splits, int s) {
+  const int len = split_len(n, splits);
+  const long long b = (long long)s * len, e = b + len;
+  return KeyRange{int(b < n ? b : n), int(e < n ? e : n)};
+}
+
+// The row bucket a block is compiled for: the smallest of 1, 4, 16 that holds the unit's rows (capped at 16;
+// a unit with more rows is cut into row chunks, each a block of its own, each reading K/V again).
+// FlashDecoding++'s unified max: a split computes exp(s - phi) with a fixed phi instead of its running max. Safe
+// while every score of the split lies within [phi - kUnderflow, phi + kOverflow] *at its maximum* (README §5):
+//   overflow:  exp(60) = 1.1e26; times up to 2^21 keys and |v| <= 65504 stays below fp32's 3.4e38;
+//   underflow: the split's largest term is >= exp(-60) = 8.8e-27, a normal fp32 number, and a term that
+//              flushes to 0 (< exp(-87.3)) is < exp(-27) = 1.9e-12 of it: invisible in an fp16/bf16 output.
+// A split whose maximum m falls outside trips the check and is recomputed with the running max.
+constexpr float kOverflow = 60.f, kUnderflow = 60.f;
+FA_HD bool unified_max_trips(float m, float phi) {
+  return m != -INFINITY && (m - phi > kOverflow || m - phi < -kUnderflow);  // an empty split (m = -inf) is fine
+}
+
+// The chapter's random inputs, a pure function of (seed, tensor, element) so that a kernel can fill a 16 GB cache on
+// the device and the host can recompute any slice it checks: uniform on [-1.5, 2.5) (mean 0.5, standard deviation
+// 1.15; offset from zero on purpose, as everywhere in this project), before rounding to the dtype. Every step is
+// exact in fp32 (24-bit u, a power-of-two scale), so host and device agree bit for bit, fused multiply-add or not.
+enum class Tensor { q = 1, k = 2, v = 3 };
+FA_HD float input_value(uint64_t seed, Tensor t, size_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(t) * 0xD1B54A32D192ED03ull + index;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finaliser
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const float u = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+  return 0.5f + (u - 0.5f) * 4.0f;
+}
+
+inline int row_bucket(int rows) { return rows <= 1 ? 1 : rows <= 4 ? 4 : kMaxRows; }
+inline int row_chunks(int rows) { return (rows + row_bucket(rows) - 1) / row_bucket(rows); }
+
+}  // namespace fdec

@@ -1,0 +1,229 @@
+// CPU tests of chapter 06's model (model.hpp) and shared indexing (plan.hpp): split + merge and the unified max with
+// its fallback against the fp64 reference (ragged lengths with 0 and 1, empty splits, GQA, causal q_len 4, large
+// logits), the merge operator's edge cases, the split ranges, the heuristic's properties and the byte counts.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <set>
+
+#include "model.hpp"
+#include "random.hpp"
+#include "testing.hpp"
+
+using namespace fdec_model;
+
+namespace {
+
+fa::Problem make(int B, int H, int Hkv, int q_len, int N, int d, bool causal, float scale = 0.f) {
+  fa::Problem p;
+  p.batch = B, p.heads = H, p.kv_heads = Hkv, p.q_len = q_len, p.kv_len = N, p.head_dim = d, p.causal = causal;
+  p.scale = scale, p.seed = 11 + N + 7 * H;
+  return p;
+}
+
+struct Case {
+  fa::Problem p;
+  std::vector<int> lens;
+  std::vector<float> q, k, v;
+};
+Case inputs(fa::Dtype t, const fa::Problem& p, std::vector<int> lens, double stddev = 1.0) {
+  Case c{p, std::move(lens), {}, {}, {}};
+  c.q = fa::rounded(t, fa::random_normal<float>(p.q_elems(), p.seed * 3 + 1, 0.5, stddev));
+  c.k = fa::rounded(t, fa::random_normal<float>(p.kv_elems(), p.seed * 3 + 2, 0.5, stddev));
+  c.v = fa::rounded(t, fa::random_normal<float>(p.kv_elems(), p.seed * 3 + 3));
+  return c;
+}
+
+// The model vs the fp64 reference by the chapter's rule: O within 2 x plain + floor, LSE within the fp32 tolerance.
+void expect_matches(fa::Dtype t, const Case& c, const Result& r) {
+  std::vector<double> ro, rl;
+  reference(c.p, c.lens, c.q, c.k, c.v, ro, rl);
+  const std::vector<float> plain_o = plain(t, c.p, c.lens, c.q, c.k, c.v);
+  const double bound = fa::lowp_error_bound(t, fa::compare(plain_o, ro, {1e30, 0}).max_abs);
+  const fa::ErrorReport eo = fa::compare(r.o, ro, {bound, 0}), el = fa::compare(r.lse, rl, fa::kTolFp32Forward);
+  CHECK_MESSAGE(eo.ok(), eo.summary("O vs fp64"));
+  CHECK_MESSAGE(el.ok(), el.summary("LSE vs fp64"));
+}
+
+}  // namespace
+
+TEST_CASE("06 model: the merge of split partials is the attention of the whole row, empty splits included") {
+  const int d = 8;
+  // Three pieces of one row, one of them empty: merged, they give the LSE and O of the union.
+  std::vector<float> s = {0.3f, -1.f, 2.5f, 0.f, 1.f};
+  std::vector<std::vector<float>> v(s.size(), std::vector<float>(d));
+  for (size_t j = 0; j < s.size(); ++j)
+    for (int c = 0; c < d; ++c) v[j][c] = float(j) - 0.5f * c;
+  auto piece = [&](size_t j0, size_t j1) {
+    Partial p;
+    p.o.assign(d, 0.f);
+    if (j0 == j1) return p;
+    double m = -INFINITY, l = 0;
+    for (size_t j = j0; j < j1; ++j) m = std::max(m, double(s[j]));
+    for (size_t j = j0; j < j1; ++j) l += std::exp(s[j] - m);
+    for (size_t j = j0; j < j1; ++j)
+      for (int c = 0; c < d; ++c) p.o[c] += float(std::exp(s[j] - m) / l * v[j][c]);
+    p.lse = float(m + std::log(l));
+    return p;
+  };
+  const Partial whole = piece(0, 5), merged = merge({piece(0, 2), piece(2, 2), piece(2, 5)}, d);
+  CHECK(merged.lse == doctest::Approx(whole.lse).epsilon(1e-6));
+  for (int c = 0; c < d; ++c) CHECK(merged.o[c] == doctest::Approx(whole.o[c]).epsilon(1e-5));
+  // Order does not matter, and the empty split carries no weight even if its O_s were garbage.
+  Partial junk = piece(2, 2);
+  junk.o.assign(d, NAN);
+  const Partial again = merge({piece(2, 5), junk, piece(0, 2)}, d);
+  for (int c = 0; c < d; ++c) CHECK(again.o[c] == doctest::Approx(whole.o[c]).epsilon(1e-5));
+  // All empty: O = 0, LSE = -inf.
+  const Partial none = merge({junk, junk}, d);
+  CHECK(none.lse == -INFINITY);
+  for (float x : none.o) CHECK(x == 0.f);
+}
+
+TEST_CASE("06 model: split ranges tile the keys in whole warp chunks, empty splits last") {
+  for (int n : {0, 1, 17, 32, 33, 1000, 4096, 131072})
+    for (int splits : {1, 2, 3, 7, 64, 128}) {
+      int next = 0, nonempty = 0;
+      for (int s = 0; s < splits; ++s) {
+        const fdec::KeyRange r = fdec::split_range(n, splits, s);
+        CHECK(r.begin == std::min(next, n));
+        if (!r.empty()) {
+          CHECK(r.begin % fdec::kKeysPerWarp == 0);
+          CHECK(nonempty == s);  // no empty split before a non-empty one
+          ++nonempty;
+        }
+        next = std::max(next, r.end);
+      }
+      CHECK(next == n);
+    }
+}
+
+TEST_CASE("06 model: every query row belongs to exactly one (unit, row) of the packed and unpacked grids") {
+  const fa::Problem p = make(1, 32, 8, 3, 64, 64, false);
+  for (bool packed : {false, true}) {
+    const fdec::Rows R = fdec::rows_of(p, packed);
+    std::set<std::pair<int, int>> seen;
+    for (int u = 0; u < fdec::units_of(p, packed); ++u)
+      for (int r = 0; r < R.per_unit(); ++r) {
+        CHECK(p.kv_head_of(R.head(u, r)) == p.kv_head_of(R.head(u, 0)));  // one kv head per unit
+        seen.insert({R.head(u, r), R.query(r)});
+      }
+    CHECK(seen.size() == size_t(p.heads) * p.q_len);
+  }
+}
+
+TEST_CASE("06 model: split + merge matches the fp64 reference on ragged lengths, GQA, causal q_len 4") {
+  struct Shape {
+    fa::Problem p;
+    std::vector<int> lens;
+  };
+  const std::vector<Shape> shapes = {
+      {make(4, 4, 4, 1, 203, 64, false), {203, 0, 1, 97}},    // MHA, lengths 0 and 1, a ragged tail
+      {make(2, 8, 2, 1, 300, 64, false), {300, 33}},          // GQA 8/2
+      {make(2, 8, 1, 4, 113, 64, true), {113, 5}},            // MQA, speculative q_len 4, causal (row 0 of len 5 sees 2)
+      {make(1, 2, 1, 2, 1023, 128, true), {1023}},            // d = 128, a long row
+      {make(3, 4, 2, 3, 64, 64, true), {2, 0, 64}},           // causal rows with no visible key (n_b < q_len)
+  };
+  for (fa::Dtype t : {fa::Dtype::fp16, fa::Dtype::bf16})
+    for (const Shape& sh : shapes) {
+      const Case c = inputs(t, sh.p, sh.lens);
+      const int max_len = *std::max_element(sh.lens.begin(), sh.lens.end());
+      for (bool packed : {false, true})
+        for (int splits : {1, 2, 5, max_splits(max_len) + 3}) {  // the last one leaves splits empty
+          INFO(fa::dtype_name(t), " B=", sh.p.batch, " H=", sh.p.heads, "/", sh.p.kv_heads, " q_len=", sh.p.q_len,
+               " packed=", packed, " splits=", splits);
+          const Result r = forward(t, c.p, c.lens, c.q, c.k, c.v, packed, splits, Softmax{});
+          expect_matches(t, c, r);
+          CHECK(r.fallbacks == 0);
+          for (int b = 0; b < c.p.batch; ++b)  // an empty context: O = 0 exactly, LSE = -inf
+            if (c.lens[b] == 0)
+              for (int h = 0; h < c.p.heads; ++h) {
+                CHECK(r.lse[c.p.lse_offset(b, h)] == -INFINITY);
+                CHECK(r.o[c.p.q_offset(b, h)] == 0.f);
+              }
+        }
+    }
+}
+
+TEST_CASE("06 model: the unified max agrees with the running max, and falls back where it must") {
+  const fa::Dtype t = fa::Dtype::fp16;
+  const fa::Problem p = make(2, 4, 2, 1, 500, 64, false);
+  const Case c = inputs(t, p, {500, 77});
+  // Ordinary logits (|S| of a few units), phi = 0: no fallback, the same answer.
+  const Result r0 = forward(t, p, c.lens, c.q, c.k, c.v, true, 3, Softmax{true, 0.f});
+  CHECK(r0.fallbacks == 0);
+  expect_matches(t, c, r0);
+  // phi far above every score: exp(S - phi) would underflow the whole row. Every non-empty split falls back.
+  const Result r1 = forward(t, p, c.lens, c.q, c.k, c.v, true, 3, Softmax{true, 200.f});
+  CHECK(r1.fallbacks > 0);
+  expect_matches(t, c, r1);
+  // Large logits (scale 30: S in the hundreds) with phi = 0: exp(S - phi) would overflow. Falls back, still right.
+  const fa::Problem pl = make(2, 4, 2, 1, 500, 64, false, 30.f);
+  const Case cl = inputs(t, pl, {500, 77});
+  const Result r2 = forward(t, pl, cl.lens, cl.q, cl.k, cl.v, true, 3, Softmax{true, 0.f});
+  CHECK(r2.fallbacks > 0);
+  expect_matches(t, cl, r2);
+  // The test itself: an empty split never trips; the window is [phi - 60, phi + 60].
+  CHECK_FALSE(fdec::unified_max_trips(-INFINITY, 0.f));
+  CHECK_FALSE(fdec::unified_max_trips(59.f, 0.f));
+  CHECK_FALSE(fdec::unified_max_trips(-59.f, 0.f));
+  CHECK(fdec::unified_max_trips(61.f, 0.f));
+  CHECK(fdec::unified_max_trips(-61.f, 0.f));
+  CHECK(std::isfinite(std::exp(fdec::kOverflow) * 2097152.f * 65504.f));  // 2^21 keys of |v| <= 65504: no overflow
+  CHECK(std::exp(-fdec::kUnderflow) >= 1.1754944e-38f);                   // the largest term stays a normal number
+}
+
+TEST_CASE("06 model: the split heuristic") {
+  for (int sms : {108, 132})
+    for (int per_sm : {1, 2, 3})
+      for (long long blocks : {1LL, 8LL, 32LL, 64LL, 256LL, 1024LL})
+        for (int n : {1, 100, 256, 257, 4096, 32768, 131072}) {
+          const int slots = sms * per_sm, s = choose_splits(blocks, n, slots);
+          INFO("blocks=", blocks, " n=", n, " slots=", slots, " -> ", s);
+          CHECK(s >= 1);
+          CHECK(s <= max_splits(n));
+          if (blocks >= slots) CHECK(s == 1);                  // a full grid is not split
+          if (n <= fdec::kMinSplitKeys) CHECK(s == 1);         // nor a short context
+          if (blocks >= slots) continue;
+          // Below one full wave: the cheapest in waves x keys per block, within 5%, and the smallest such count.
+          auto cost = [&](int x) { return double((blocks * x + slots - 1) / slots) / x; };
+          double best = cost(1);
+          for (int x = 2; x <= max_splits(n); ++x) best = std::min(best, cost(x));
+          CHECK(cost(s) <= kHeuristicSlack * best + 1e-12);
+          for (int x = 1; x < s; ++x) CHECK(cost(x) > kHeuristicSlack * best - 1e-12);  // the smallest such s
+        }
+  // On an H100 (132 SMs) with 2 blocks per SM: B=1 with 8 kv heads at 128k takes 32 splits = 256 of 264 slots
+  // (33 would fill all 264, but 32 is within 5% and leaves fewer partials to merge).
+  CHECK(choose_splits(8, 131072, 264) == 32);
+  CHECK(choose_splits(8 * 32, 131072, 264) == 1);
+}
+
+TEST_CASE("06 model: bytes read per decode step") {
+  const fa::Problem p = make(2, 32, 8, 1, 4096, 128, false);
+  const std::vector<int> lens = {4096, 100};
+  CHECK(kv_bytes(p, lens, 2) == 2.0 * 2 * (4096 + 100) * 8 * 128);
+  const double io = double(p.lse_elems()) * (128 * 2 * 2 + 4);  // Q read, O and LSE written
+  CHECK(model_hbm_bytes(p, lens, 2, true, 1) == doctest::Approx(kv_bytes(p, lens, 2) + io));
+  CHECK(model_hbm_bytes(p, lens, 2, false, 1) == doctest::Approx(4 * kv_bytes(p, lens, 2) + io));  // group 4
+  CHECK(model_hbm_bytes(p, lens, 2, true, 8) ==
+        doctest::Approx(kv_bytes(p, lens, 2) + io + 2.0 * 8 * p.lse_elems() * 129 * 4));
+  // MQA 32/1 with q_len 1: 32 rows per kv head = two 16-row chunks, K/V read twice.
+  const fa::Problem mqa = make(1, 32, 1, 1, 4096, 128, false);
+  CHECK(model_hbm_bytes(mqa, {4096}, 2, true, 1) ==
+        doctest::Approx(2 * kv_bytes(mqa, {4096}, 2) + double(mqa.lse_elems()) * (128 * 4 + 4)));
+}
+
+TEST_CASE("06 model: the device-made inputs have the project's statistics and differ per tensor") {
+  double sum = 0, sum2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double x = fdec::input_value(5, fdec::Tensor::k, size_t(i));
+    sum += x, sum2 += x * x;
+    CHECK((x >= -1.5 && x < 2.5));
+  }
+  const double mean = sum / n, var = sum2 / n - mean * mean;
+  CHECK(mean == doctest::Approx(0.5).epsilon(0.02));
+  CHECK(var == doctest::Approx(16.0 / 12).epsilon(0.02));
+  CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(5, fdec::Tensor::v, 7));
+  CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(6, fdec::Tensor::k, 7));
+}
