@@ -20,8 +20,7 @@
 #include "fa2.cuh"
 #include "formulas.hpp"
 #include "lowp.hpp"
-#include "program.hpp"
-#include "timer.cuh"
+#include "program.cuh"
 #include "warp_split_q.cuh"
 
 namespace wsq {
@@ -40,9 +39,8 @@ inline double backward_min_bytes(const fa::Problem& p) {
 }
 
 template <class T>
-bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::HostTensors& in_any,
+bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Problem& p, const fa::HostTensors& in_any,
                             const std::string& only_step, std::vector<fa::ResultRow>& rows) {
-  const fa::Problem& p = opts.problem;
   fa::HostTensors in = in_any;  // the values the kernels read, widened: what the fp64 reference is fed
   in.q = fa::rounded(t, in.q), in.k = fa::rounded(t, in.k), in.v = fa::rounded(t, in.v);
   in.dout = fa::rounded(t, in.dout);
@@ -53,8 +51,6 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Host
   fn<T>(forward_steps().back())(p, q.get(), k.get(), v.get(), o.get(), lse.get());
   CUDA_CHECK(cudaDeviceSynchronize());
 
-  const std::string gpu = fa::device_name();
-  const double flops = fa::flops_backward(p), bytes = backward_min_bytes(p);
   bool ok = true;
   double best_ms = 0;
   for (const BackwardStep& s : backward_steps()) {
@@ -74,10 +70,11 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Host
       std::printf("check:   backward %s, %s: %s\n", name.c_str(), what.c_str(), e.summary("vs fp64").c_str());
       ok = ok && e.ok();
       if (opts.iters <= 0) continue;
-      const double ms = fa::time_ms(run, opts.warmup, opts.iters).median_ms;
-      best_ms = best_ms == 0 ? ms : std::min(best_ms, ms);
-      rows.push_back({gpu, "05", name, "bwd", fa::dtype_name(t), p, ms, fa::tflops(flops, ms), fa::gbps(bytes, ms),
-                      bytes, double(backward_workspace_bytes(p)), e.max_abs});
+      fa::ResultRow r = fa::result_row("05", name, "bwd", p);
+      r.dtype = fa::dtype_name(t), r.model_hbm_bytes = backward_min_bytes(p);
+      r.extra_bytes = double(backward_workspace_bytes(p)), r.max_abs_err = e.max_abs;
+      rows.push_back(r = fa::time_kernel(opts, r, run));
+      best_ms = best_ms == 0 ? r.ms : std::min(best_ms, r.ms);
     }
   }
   if (!opts.out_dir.empty())  // the last step's deterministic-mode gradients, float32 (BACKWARD.md section 6)
@@ -93,27 +90,23 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Host
     o4.upload(ow);
   }
   fa::DeviceBuffer<float> ws4(fa2::backward_workspace_bytes(p) / sizeof(float));
-  const double ms4 = fa::time_ms(
-                         [&] {
-                           fa2::backward(p, q4.get(), k4.get(), v4.get(), o4.get(), lse.get(), dout4.get(), dq.get(),
-                                         dk.get(), dv.get(), fa2::DqMode::Atomic, ws4.get());
-                         },
-                         opts.warmup, opts.iters)
-                         .median_ms;
-  rows.push_back({gpu, "04", "fa2_atomic_dq", "bwd", "fp32", p, ms4, fa::tflops(flops, ms4),
-                  fa::gbps(fa::hbm_bytes_min_backward(p), ms4), fa::hbm_bytes_min_backward(p),
-                  double(fa2::backward_workspace_bytes(p)), -1});
-  if (best_ms > 0) std::printf("speed:   fastest 05 backward is %.2fx 04's (atomic dQ)\n", ms4 / best_ms);
+  fa::ResultRow r4 = fa::result_row("04", "fa2_atomic_dq", "bwd", p);
+  r4.model_hbm_bytes = fa::hbm_bytes_min_backward(p), r4.extra_bytes = double(fa2::backward_workspace_bytes(p));
+  rows.push_back(r4 = fa::time_kernel(opts, r4, [&] {
+    fa2::backward(p, q4.get(), k4.get(), v4.get(), o4.get(), lse.get(), dout4.get(), dq.get(), dk.get(), dv.get(),
+                  fa2::DqMode::Atomic, ws4.get());
+  }));
+  if (best_ms > 0) std::printf("speed:   fastest 05 backward is %.2fx 04's (atomic dQ)\n", r4.ms / best_ms);
   return ok;
 }
 
 // The section for the run's dtype. `in` holds the program's inputs (fp32 or already rounded; rounded here).
-inline bool run_backward_section(const fa::Options& opts, fa::Dtype t, const fa::HostTensors& in,
+inline bool run_backward_section(const fa::Options& opts, fa::Dtype t, const fa::Problem& p, const fa::HostTensors& in,
                                  const std::string& only_step, std::vector<fa::ResultRow>& rows) {
   if (in.dout.empty()) throw fa::UsageError("the backward needs dO: load the inputs with backward = true");
   if (!only_step.empty() && only_step != "all") find_backward_step(only_step);  // UsageError naming the steps
-  return t == fa::Dtype::fp16 ? run_backward_section_t<fa::half_t>(opts, t, in, only_step, rows)
-                              : run_backward_section_t<fa::bfloat16_t>(opts, t, in, only_step, rows);
+  return t == fa::Dtype::fp16 ? run_backward_section_t<fa::half_t>(opts, t, p, in, only_step, rows)
+                              : run_backward_section_t<fa::bfloat16_t>(opts, t, p, in, only_step, rows);
 }
 
 }  // namespace wsq

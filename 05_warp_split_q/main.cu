@@ -6,7 +6,11 @@
 //   ./warp_split_q --in DIR --out DIR           your q/k/v.npy; writes o.npy (float16 for fp16 runs, float32
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
+// Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "bwd_program.cuh"
 #include "check.hpp"
@@ -23,8 +27,8 @@
 namespace {
 
 struct Flags {
-  std::string kernel = "all", dtype = "fp16";
-  bool no_previous = false;
+  std::string kernel = "all", dtype = "fp16", bwd_kernel = "all";
+  bool no_previous = false, backward = false;
 };
 
 fa::Options defaults() {
@@ -33,7 +37,13 @@ fa::Options defaults() {
   return o;
 }
 
-std::vector<wsq::Step> selected(const std::string& name) {
+std::string step_names() {  // "split_k, v1_mma, ..." in ladder order
+  std::string names;
+  for (const wsq::Step& s : wsq::forward_steps()) names += std::string(names.empty() ? "" : ", ") + s.name;
+  return names;
+}
+
+std::vector<wsq::Step> selected(const std::string& name) {  // find_step: UsageError naming the steps
   if (name == "all") return wsq::forward_steps();
   return {wsq::find_step(name)};
 }
@@ -57,14 +67,14 @@ std::vector<float> widen(const std::vector<T>& x) {
 }
 
 template <class T>
-bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::HostTensors& in) {
-  const fa::Problem& p = opts.problem;
+bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem& p, const fa::HostTensors& in) {
   fa::DeviceBuffer<T> q(fa::to_dtype<T>(in.q)), k(fa::to_dtype<T>(in.k)), v(fa::to_dtype<T>(in.v)), o(p.q_elems());
   fa::DeviceBuffer<float> lse(p.lse_elems());
 
   // Chapter 04 (fp32) on the same rounded inputs: the other end of the equivalence chain, and the baseline.
+  const fa2::ForwardStep& fa2_step = fa2::forward_steps().back();
   fa::DeviceBuffer<float> q32(in.q), k32(in.k), v32(in.v), o32(p.q_elems()), lse32(p.lse_elems());
-  auto fa2_run = [&] { fa2::forward(p, q32.get(), k32.get(), v32.get(), o32.get(), lse32.get()); };
+  auto fa2_run = [&] { fa2_step.run(p, q32.get(), k32.get(), v32.get(), o32.get(), lse32.get()); };
   o32.poison(), lse32.poison();
   fa2_run();
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -72,9 +82,7 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::HostTen
 
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, in.q, in.k, in.v);
   bool ok = true;
-  const std::string gpu = fa::device_name();
   std::vector<fa::ResultRow> rows;
-  std::vector<double> ms;
   for (const wsq::Step& s : selected(f.kernel)) {
     const wsq::ForwardFn<T> fn = wsq::fn<T>(s);
     auto go = [&] { fn(p, q.get(), k.get(), v.get(), o.get(), lse.get()); };
@@ -95,70 +103,79 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::HostTen
         fa::npy_write(opts.out_dir + "/o.npy", {size_t(p.batch), size_t(p.heads), size_t(p.q_len), size_t(p.head_dim)},
                       o_t.data());
     }
-    if (opts.iters > 0) {
-      ms.push_back(fa::time_ms(go, opts.warmup, opts.iters).median_ms);
-      rows.push_back({gpu, "05", s.name, "fwd", fa::dtype_name(t), p, ms.back(), fa::tflops(fa::flops_forward(p), ms.back()),
-                      fa::gbps(fa::hbm_bytes_min_forward(p, 2), ms.back()), fa::hbm_bytes_min_forward(p, 2), 0,
-                      c.o.max_abs});
-    }
+    fa::ResultRow r = fa::result_row("05", s.name, "fwd", p);
+    r.dtype = fa::dtype_name(t), r.model_hbm_bytes = fa::hbm_bytes_min_forward(p, 2), r.max_abs_err = c.o.max_abs;
+    if (opts.iters <= 0) continue;
+    r = fa::time_kernel(opts, r, go);
+    if (!rows.empty()) fa::print_speedup(r, rows.back());
+    rows.push_back(r);
   }
-  if (opts.iters <= 0) return ok;
-  if (!f.no_previous) {
-    const double ms04 = fa::time_ms(fa2_run, opts.warmup, opts.iters).median_ms;
-    rows.push_back({gpu, "04", "fa2", "fwd", "fp32", p, ms04, fa::tflops(fa::flops_forward(p), ms04),
-                    fa::gbps(fa::hbm_bytes_min_forward(p, 4), ms04), fa::hbm_bytes_min_forward(p, 4), 0, -1});
-    for (size_t x = 0; x < ms.size(); ++x)
-      std::printf("speed:   %-12s %.2fx the previous step, %.2fx 04 (fp32)\n", rows[x].kernel.c_str(),
-                  x ? ms[x - 1] / ms[x] : 1.0, ms04 / ms[x]);
+  if (opts.iters > 0 && !f.no_previous) {
+    fa::ResultRow r04 = fa::result_row("04", fa2_step.name, "fwd", p);
+    r04.model_hbm_bytes = fa::hbm_bytes_min_forward(p, 4);
+    r04 = fa::time_kernel(opts, r04, fa2_run);
+    for (const fa::ResultRow& r : rows) fa::print_speedup(r, r04);
+    rows.push_back(r04);
   }
   fa::report_rows(opts, rows);
   return ok;
 }
 
-// --backward: every backward step in both dQ modes, checked and timed next to 04's backward (bwd_program.cuh).
-struct BackwardFlags {
-  bool on = false;
-  std::string kernel = "all";
-};
-bool run_backward(const fa::Options& opts, const BackwardFlags& b, fa::Dtype t, const fa::HostTensors& in) {
-  if (!b.on) return true;
-  std::vector<fa::ResultRow> rows;
-  const bool ok = wsq::run_backward_section(opts, t, in, b.kernel, rows);
-  if (!rows.empty()) fa::report_rows(opts, rows);
-  return ok;
+// Device bytes: Q, K, V, O in the dtype and LSE; 04's fp32 copies of the same; with --backward dO in the dtype,
+// fp32 dQ, dK, dV, and the larger of the two chapters' backward workspaces.
+double device_bytes(const fa::Problem& p, bool backward) {
+  const double fwd = 2.0 * (2 * p.q_elems() + 2 * p.kv_elems()) + 4.0 * p.lse_elems();
+  const double bwd = 2.0 * p.q_elems() + 4.0 * (p.q_elems() + 2 * p.kv_elems()) +
+                     double(std::max(wsq::backward_workspace_bytes(p), fa2::backward_workspace_bytes(p)));
+  return fwd + fa::device_io_bytes(p, backward) + (backward ? bwd : 0.0);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
+  // 1. Parse the command line (bad usage, an unknown --kernel or --dtype: exit 2).
   Flags f;
-  BackwardFlags bwd;
   fa::Cli cli("warp_split_q",
               "Chapter 05: split-K vs split-Q, then the FA2 forward on tensor cores step by step (fp16/bf16 in, fp32 "
               "accumulation; O written in the dtype, LSE in fp32), checked against the fp64 reference and chapter 04, "
-              "timed next to 04. --out writes the last step's o.npy as float16 for fp16 runs and as float32 for bf16 runs (NumPy has "
-              "no bf16; the values are the bf16 outputs, exactly widened).",
+              "timed next to 04. --out writes the last step's o.npy as float16 for fp16 runs and as float32 for bf16 "
+              "runs (NumPy has no bf16; the values are the bf16 outputs, exactly widened).",
               defaults());
-  cli.add_option("--kernel", &f.kernel, "all, or one step: split_k, v1_mma, ..., v7_tiles (default all)");
+  cli.add_option("--kernel", &f.kernel, "all, or one step: " + step_names() + " (default all)");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16: inputs are rounded to it on load (default fp16)");
   cli.add_flag("--no-previous", &f.no_previous, "do not time chapter 04 for comparison");
-  cli.add_check(wsq::check_supported);
-  cli.add_check([&](const fa::Problem&) {  // names checked before any device work (exit 2)
-    fa::parse_dtype(f.dtype);
-    selected(f.kernel);
-  });
-  cli.add_flag("--backward", &bwd.on, "also run, check and time the backward steps (both dQ modes) and 04's backward");
-  cli.add_option("--bwd-kernel", &bwd.kernel,
+  cli.add_flag("--backward", &f.backward,
+               "also run, check and time the backward steps (both dQ modes) and 04's backward (BACKWARD.md)");
+  cli.add_option("--bwd-kernel", &f.bwd_kernel,
                  "with --backward: all, or one step: bwd_v1_mma, bwd_v2_regs, bwd_v3_cp_async (default all)");
-  cli.add_check([&](const fa::Problem&) {
-    if (bwd.kernel != "all") wsq::find_backward_step(bwd.kernel);
-  });
-  return fa::run_program(cli, argc, argv, [&](fa::Options& opts) {
-    const fa::Dtype t = fa::parse_dtype(f.dtype);
-    fa::HostTensors in = fa::load_inputs(opts, bwd.on);
-    round_inputs(t, in);
-    std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
-    const bool ok = t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, in) : run<fa::bfloat16_t>(opts, f, t, in);
-    return run_backward(opts, bwd, t, in) && ok;
-  });
+  cli.extend_help("--head-dim", "this chapter: 64, 128");
+  const fa::Options opts = cli.parse(argc, argv);
+  if (opts.help) return cli.print_usage();
+  const fa::Dtype t = fa::parse_dtype(f.dtype);
+  selected(f.kernel);
+  if (f.bwd_kernel != "all") wsq::find_backward_step(f.bwd_kernel);
+
+  // 2. The problem, this chapter's limits, the inputs rounded to the dtype (bad input: exit 2).
+  const fa::Problem p = fa::input_problem(opts, f.backward);
+  wsq::check_supported(p);
+  fa::check_outputs_writable(opts);
+  fa::HostTensors in = fa::load_inputs(opts, p, f.backward);
+  round_inputs(t, in);
+  std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), f.backward ? "forward + backward" : "forward");
+  std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
+
+  // 3. The GPU (none: exit 1), and room on it.
+  fa::require_gpu();
+  fa::require_device_memory(device_bytes(p, f.backward), "inputs and outputs of chapters 05 and 04");
+
+  // 4-6. Run, check, time and print the forward steps, then the backward steps (bwd_program.cuh).
+  bool ok = t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, p, in) : run<fa::bfloat16_t>(opts, f, t, p, in);
+  if (f.backward) {
+    std::vector<fa::ResultRow> rows;
+    ok = wsq::run_backward_section(opts, t, p, in, f.bwd_kernel, rows) && ok;
+    fa::report_rows(opts, rows);
+  }
+  return fa::verdict(ok);
+} catch (...) {
+  return fa::exit_code_of_current_exception();
 }

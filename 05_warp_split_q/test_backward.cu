@@ -218,9 +218,9 @@ TEST_CASE("05 backward program section (--backward): every step checked and time
   const HostTensors in = random_inputs(opts.problem, true);
   for (Dtype t : {Dtype::fp16, Dtype::bf16}) {
     std::vector<ResultRow> rows;
-    CHECK(wsq::run_backward_section(opts, t, in, "all", rows));
+    CHECK(wsq::run_backward_section(opts, t, opts.problem, in, "all", rows));
     CHECK(rows.size() == 2 * wsq::backward_steps().size() + 1);  // both dQ modes per step, then 04
   }
   std::vector<ResultRow> rows;
-  CHECK_THROWS_AS(wsq::run_backward_section(opts, Dtype::fp16, in, "bwd_v9", rows), UsageError);
+  CHECK_THROWS_AS(wsq::run_backward_section(opts, Dtype::fp16, opts.problem, in, "bwd_v9", rows), UsageError);
 }

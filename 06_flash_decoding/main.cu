@@ -8,6 +8,7 @@
 //   ./flash_decoding --kernel split_kv_gqa --sweep-splits   every split count 1..max, the heuristic's marked
 //   ./flash_decoding --kernel unified_max --scale 30        large logits: the unified max falls back
 //   ./flash_decoding --q-len 4 --causal --dtype bf16        speculative decoding, bottom-right causal, bf16
+// Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -21,9 +22,8 @@
 #include "formulas.hpp"
 #include "model.hpp"
 #include "npy.hpp"
-#include "program.hpp"
+#include "program.cuh"
 #include "testing.hpp"
-#include "timer.cuh"
 
 namespace {
 
@@ -60,6 +60,8 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
   return v;
 }
 
+// Before the shape is final: the names and values of this chapter's flags, and the cache capacity (the Cli's
+// default kv-len = q-len is not a cache).
 Setup parse_setup(fa::Options& opts, const Flags& f) {
   Setup s;
   s.t = fa::parse_dtype(f.dtype);
@@ -71,7 +73,7 @@ Setup parse_setup(fa::Options& opts, const Flags& f) {
   char* end = nullptr;
   s.phi = std::strtof(f.phi.c_str(), &end);
   if (f.phi.empty() || *end || !std::isfinite(s.phi)) throw fa::UsageError("bad value '" + f.phi + "' for --phi");
-  if (f.splits < 0 || f.splits > fdec::kMaxSplits)
+  if (f.splits > fdec::kMaxSplits)
     throw fa::UsageError("--splits must be in 1 .. " + std::to_string(fdec::kMaxSplits) + " (0: the heuristic)");
   fdec::check_page_size(f.page_size);
   if (f.ragged && !f.kv_lens.empty()) throw fa::UsageError("--ragged draws the lengths; it cannot be combined with --kv-lens");
@@ -80,10 +82,7 @@ Setup parse_setup(fa::Options& opts, const Flags& f) {
     const std::vector<int> lens = parse_int_list(f.kv_lens, "--kv-lens");
     p.kv_len = lens.empty() ? kDefaultContext : std::max(1, *std::max_element(lens.begin(), lens.end()));
   }
-  if (opts.in_dir.empty()) {
-    p.validate();
-    fdec::check_supported(p);
-  }
+  if (opts.in_dir.empty()) p.validate();
   return s;
 }
 
@@ -219,8 +218,7 @@ void write_outputs(const std::string& dir, const fa::Problem& p, fa::Dtype t, co
 }
 
 // ---- run: every kernel, checked, then timed ----
-bool run(const fa::Options& opts, const Setup& s, const Flags& f, fa::HostTensors* files) {
-  const fa::Problem& p = opts.problem;
+bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Flags& f, fa::HostTensors* files) {
   Inputs in;
   make_inputs(p, s, files, in);
   const int max_len = *std::max_element(s.lens.begin(), s.lens.end());
@@ -233,7 +231,6 @@ bool run(const fa::Options& opts, const Setup& s, const Flags& f, fa::HostTensor
   fa::DeviceBuffer<uint16_t> o(p.q_elems());
   fa::DeviceBuffer<float> lse(p.lse_elems()), ws;
   fa::DeviceBuffer<int> fallbacks(1);
-  const std::string gpu = fa::device_name();
   const int elem = 2;
   const double kv = fdec_model::kv_bytes(p, s.lens, elem);
   double flops = 0;  // 4 d per visible (query, key) pair
@@ -261,10 +258,13 @@ bool run(const fa::Options& opts, const Setup& s, const Flags& f, fa::HostTensor
     ok = ok && c.ok();
     if (!opts.out_dir.empty()) write_outputs(opts.out_dir, p, s.t, ob, lo);
     if (opts.iters <= 0) return;
-    const double ms = fa::time_ms(step, opts.warmup, opts.iters).median_ms;
-    rows.push_back({gpu, "06", label, "fwd", fa::dtype_name(s.t), p, ms, fa::tflops(flops, ms), fa::gbps(kv, ms),
-                    fdec_model::model_hbm_bytes(p, s.lens, elem, k.packed, l.splits),
-                    double(fdec::workspace_floats(p, l.splits)) * 4, c.o.max_abs});
+    // Not fa::time_kernel: FLOPs count the visible keys of each entry, and GB/s the K/V bytes alone.
+    fa::ResultRow r = fa::result_row("06", label, "fwd", p);
+    r.dtype = fa::dtype_name(s.t), r.model_hbm_bytes = fdec_model::model_hbm_bytes(p, s.lens, elem, k.packed, l.splits);
+    r.extra_bytes = double(fdec::workspace_floats(p, l.splits)) * 4, r.max_abs_err = c.o.max_abs;
+    r.ms = fa::time_ms(step, opts.warmup, opts.iters);
+    r.tflops = fa::tflops(flops, r.ms), r.gbps = fa::gbps(kv, r.ms);
+    rows.push_back(r);
   };
 
   for (const fdec::KernelInfo* k : s.kernels) {
@@ -285,9 +285,11 @@ bool run(const fa::Options& opts, const Setup& s, const Flags& f, fa::HostTensor
   if (opts.iters > 0) {
     fa::DeviceBuffer<unsigned> sink(1);
     const int sms = fa::device_props().multiProcessorCount;
-    const double ms = fa::time_ms([&] { fdec::read_kv(p, in.cache.contiguous(), max_len, sms, sink.get()); },
-                                  opts.warmup, opts.iters).median_ms;
-    rows.push_back({gpu, "06", "read_kv", "read", fa::dtype_name(s.t), p, ms, 0, fa::gbps(kv, ms), kv, 0, -1});
+    fa::ResultRow r = fa::result_row("06", "read_kv", "read", p);
+    r.dtype = fa::dtype_name(s.t), r.model_hbm_bytes = kv;
+    r.ms = fa::time_ms([&] { fdec::read_kv(p, in.cache.contiguous(), max_len, sms, sink.get()); }, opts.warmup, opts.iters);
+    r.gbps = fa::gbps(kv, r.ms);
+    rows.push_back(r);
     fa::report_rows(opts, rows);
     std::printf("gbps = K and V bytes of the visible keys (%s) / time; the kernels also read Q and write O, LSE (and "
                 "with splits > 1 write and re-read the workspace): model_hbm_bytes counts all of it\n",
@@ -296,9 +298,18 @@ bool run(const fa::Options& opts, const Setup& s, const Flags& f, fa::HostTensor
   return ok;
 }
 
+// Device bytes: Q, O (16-bit), LSE, the 16-bit K and V cache (twice for the paged kernel's copy), the split
+// workspace at the largest split count.
+double device_bytes(const fa::Problem& p, const Setup& s) {
+  const bool paged = std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->paged; });
+  return 2.0 * 2 * p.q_elems() + 4.0 * p.lse_elems() + 2.0 * 2 * p.kv_elems() * (paged ? 2 : 1) +
+         4.0 * double(fdec::workspace_floats(p, fdec::kMaxSplits));
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
+  // 1. Parse the command line (bad usage, an unknown --kernel or --dtype: exit 2).
   Flags f;
   fa::Options defaults;
   defaults.problem.batch = 1, defaults.problem.heads = 32, defaults.problem.q_len = 1, defaults.problem.head_dim = 128;
@@ -306,51 +317,37 @@ int main(int argc, char** argv) {
               "Chapter 06: decoding attention (q_len 1..8 against a K/V cache of capacity --kv-len, default 4096), "
               "fp16/bf16, every kernel checked against the fp64 reference and timed next to a read-only ceiling.",
               defaults);
-  cli.add_check(fdec::check_supported);
   cli.add_option("--kernel", &f.kernel, "kernel to run: fa2_grid, split_kv, split_kv_gqa, unified_max, paged, or all");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16 (Q, K, V, O; LSE is fp32)");
   cli.add_option("--kv-lens", &f.kv_lens, "context length of each batch entry, e.g. 4096,17,0,1 (default: all --kv-len)");
   cli.add_flag("--ragged", &f.ragged, "draw each entry's context length uniformly from 0..kv-len (entry 0 keeps kv-len)");
-  cli.add_option("--splits", &f.splits, "split count (0: the heuristic)");
+  cli.add_option("--splits", &f.splits, "split count (0: the heuristic)", 0, true);
   cli.add_flag("--sweep-splits", &f.sweep_splits, "also run every split count 1..max (each checked; * marks the heuristic's)");
   cli.add_option("--phi", &f.phi, "the unified max phi of the unified_max kernel");
-  cli.add_option("--page-size", &f.page_size, "keys per page of the paged kernel (16, 32, 64, 128, 256)");
+  cli.add_option("--page-size", &f.page_size, "keys per page of the paged kernel (16, 32, 64, 128, 256)", 1);
+  cli.extend_help("--q-len", "this chapter: 1 .. 8 new tokens");
+  cli.extend_help("--kv-len", "this chapter: the cache capacity, auto = 4096 rather than Nq");
+  cli.extend_help("--head-dim", "this chapter: 64, 128");
+  fa::Options opts = cli.parse(argc, argv);
+  if (opts.help) return cli.print_usage();
+  Setup s = parse_setup(opts, f);
 
-  fa::Options opts;
-  Setup s;
-  try {  // parse: every usage error exits 2 before any device work
-    opts = cli.parse(argc, argv);
-    if (opts.help) {
-      std::printf("%s", cli.usage().c_str());
-      return 0;
-    }
-    s = parse_setup(opts, f);
-    if (opts.in_dir.empty()) s.lens = context_lengths(opts.problem, f);
-  } catch (const fa::UsageError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  std::printf("problem: %s dtype=%s\n", opts.in_dir.empty() ? fa::describe(opts.problem).c_str() : ("inputs from " + opts.in_dir).c_str(),
-              fa::dtype_name(s.t));
-  if (!fa::has_cuda_device()) {
-    std::fprintf(stderr, "error: no CUDA device (this program runs its kernels on an NVIDIA GPU)\n");
-    return 1;
-  }
-  try {
-    std::printf("device:  %s\n", fa::device_name().c_str());
-    fa::HostTensors files;
-    if (!opts.in_dir.empty()) {  // the shape comes from the files: the lengths are checked against it here
-      files = fa::load_inputs(opts, false);
-      s.lens = context_lengths(opts.problem, f);
-    }
-    const bool ok = run(opts, s, f, opts.in_dir.empty() ? nullptr : &files);
-    std::printf("%s\n", ok ? "PASSED" : "FAILED");
-    return ok ? 0 : 1;
-  } catch (const fa::UsageError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  // 2. The problem (from the flags or the --in files), this chapter's limits, the context lengths, the inputs
+  //    (bad input: exit 2). Without --in the inputs are made on the device: a 128k-token cache is gigabytes.
+  const fa::Problem p = fa::input_problem(opts, false);
+  fdec::check_supported(p);
+  s.lens = context_lengths(p, f);
+  fa::check_outputs_writable(opts);
+  fa::HostTensors files;
+  if (!opts.in_dir.empty()) files = fa::load_inputs(opts, p, false);
+  std::printf("problem: %s dtype=%s\n", fa::describe(p).c_str(), fa::dtype_name(s.t));
+
+  // 3. The GPU (none: exit 1), and room on it.
+  fa::require_gpu();
+  fa::require_device_memory(device_bytes(p, s), "query, cache, outputs and the split workspace");
+
+  // 4-6. Run, check, time and print every kernel.
+  return fa::verdict(run(opts, p, s, f, opts.in_dir.empty() ? nullptr : &files));
+} catch (...) {
+  return fa::exit_code_of_current_exception();
 }

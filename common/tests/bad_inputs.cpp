@@ -1,7 +1,7 @@
-// bad_inputs PROGRAM READS_DO [ARGS...]: runs a chapter program on crafted bad --in folders and bad
+// bad_inputs PROGRAM READS_DO HEAD_DIM [ARGS...]: runs a chapter program on crafted bad --in folders and bad
 // output paths and expects each to be refused with exit code 2 and a message that names the problem,
 // before any device work - so it runs (and must pass) on a machine without a GPU. READS_DO is 1 when
-// the program with ARGS reads do.npy (a backward run).
+// the program with ARGS reads do.npy (a backward run); HEAD_DIM is a head_dim the program supports.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +20,8 @@ namespace {
 
 std::string g_program, g_args, g_tmp;
 int g_failed = 0;
+int g_d = 16;  // head_dim of the good folder: one the program supports
+std::string D() { return std::to_string(g_d); }
 
 // A .npy file with a hand-written header dictionary and `data` after it.
 void write_raw(const std::string& path, const std::string& dict, const std::string& data) {
@@ -32,14 +34,14 @@ std::string f4_header(const std::string& shape) {
   return "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
 }
 
-// A good input folder: q, do [1, 2, 5, 16]; k, v [1, 1, 7, 16] (GQA 2:1, q_len != kv_len).
+// A good input folder: q, do [1, 2, 5, d]; k, v [1, 1, 7, d] (GQA 2:1, q_len != kv_len), d = HEAD_DIM.
 void write_good(const std::string& dir) {
   std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
-  const std::vector<float> q(1 * 2 * 5 * 16, 0.25f), kv(1 * 1 * 7 * 16, -0.5f);
-  fa::npy_write(dir + "/q.npy", {1, 2, 5, 16}, q.data());
-  fa::npy_write(dir + "/do.npy", {1, 2, 5, 16}, q.data());
-  fa::npy_write(dir + "/k.npy", {1, 1, 7, 16}, kv.data());
-  fa::npy_write(dir + "/v.npy", {1, 1, 7, 16}, kv.data());
+  const std::vector<float> q(1 * 2 * 5 * g_d, 0.25f), kv(1 * 1 * 7 * g_d, -0.5f);
+  fa::npy_write(dir + "/q.npy", {1, 2, 5, size_t(g_d)}, q.data());
+  fa::npy_write(dir + "/do.npy", {1, 2, 5, size_t(g_d)}, q.data());
+  fa::npy_write(dir + "/k.npy", {1, 1, 7, size_t(g_d)}, kv.data());
+  fa::npy_write(dir + "/v.npy", {1, 1, 7, size_t(g_d)}, kv.data());
 }
 
 // Runs the program with `extra` arguments; expects exit 2 and `expect` in its stderr.
@@ -67,13 +69,14 @@ void case_in(const std::string& name, const std::function<void(const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: bad_inputs PROGRAM READS_DO [ARGS...]\n");
+  if (argc < 4 || std::atoi(argv[3]) < 1) {
+    std::fprintf(stderr, "usage: bad_inputs PROGRAM READS_DO HEAD_DIM [ARGS...]\n");
     return 2;
   }
   g_program = argv[1];
   const bool reads_do = std::string(argv[2]) == "1";
-  for (int a = 3; a < argc; ++a) g_args += std::string(" '") + argv[a] + "'";
+  g_d = std::atoi(argv[3]);
+  for (int a = 4; a < argc; ++a) g_args += std::string(" '") + argv[a] + "'";
   char tmpl[] = "/tmp/fa_bad_inputs_XXXXXX";
   if (!mkdtemp(tmpl)) return std::perror("mkdtemp"), 1;
   g_tmp = tmpl;
@@ -82,42 +85,42 @@ int main(int argc, char** argv) {
   case_in("q.npy missing", [](const std::string& d) { std::remove((d + "/q.npy").c_str()); }, "cannot open");
   case_in("not a .npy file", [](const std::string& d) { std::ofstream(d + "/k.npy") << "hello"; }, "not a .npy file");
   case_in("dtype float64", [](const std::string& d) {
-    write_raw(d + "/q.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 2, 5, 16), }", std::string(1280, '\0'));
+    write_raw(d + "/q.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 2, 5, " + D() + "), }", std::string(2 * 5 * g_d * 8, '\0'));
   }, "dtype must be float32");
   case_in("Fortran order", [](const std::string& d) {
-    write_raw(d + "/q.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (1, 2, 5, 16), }", std::string(640, '\0'));
+    write_raw(d + "/q.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (1, 2, 5, " + D() + "), }", std::string(2 * 5 * g_d * 4, '\0'));
   }, "Fortran-order");
-  case_in("rank 3", [](const std::string& d) { write_raw(d + "/q.npy", f4_header("(2, 5, 16)"), std::string(640, '\0')); },
+  case_in("rank 3", [](const std::string& d) { write_raw(d + "/q.npy", f4_header("(2, 5, " + D() + ")"), std::string(2 * 5 * g_d * 4, '\0')); },
           "must be [B, H, Nq, d]");
-  case_in("negative dimension", [](const std::string& d) { write_raw(d + "/q.npy", f4_header("(-1, 2, 5, 16)"), ""); },
+  case_in("negative dimension", [](const std::string& d) { write_raw(d + "/q.npy", f4_header("(-1, 2, 5, " + D() + ")"), ""); },
           "'-1' is not a non-negative integer");
-  case_in("dimension 1e11", [](const std::string& d) { write_raw(d + "/q.npy", f4_header("(1, 2, 1e11, 16)"), ""); },
+  case_in("dimension 1e11", [](const std::string& d) { write_raw(d + "/q.npy", f4_header("(1, 2, 1e11, " + D() + ")"), ""); },
           "'1e11' is not a non-negative integer");
   case_in("batch 2^62 + 1", [](const std::string& d) {
-    write_raw(d + "/q.npy", f4_header("(4611686018427387905, 2, 5, 16)"), std::string(640, '\0'));
+    write_raw(d + "/q.npy", f4_header("(4611686018427387905, 2, 5, " + D() + ")"), std::string(2 * 5 * g_d * 4, '\0'));
   }, "larger than 2^31 - 1");
   case_in("shape larger than the file", [](const std::string& d) {
-    write_raw(d + "/k.npy", f4_header("(1, 1, 100000000, 16)"), "");  // 6.4 GB promised, none there
-  }, "needs 6400000000 bytes of data, the file holds 0");
+    write_raw(d + "/k.npy", f4_header("(1, 1, 100000000, " + D() + ")"), "");  // gigabytes promised, none there
+  }, "needs " + std::to_string(100000000LL * g_d * 4) + " bytes of data, the file holds 0");
   case_in("file shorter than shape", [](const std::string& d) {
-    write_raw(d + "/v.npy", f4_header("(1, 1, 7, 16)"), std::string(400, '\0'));
-  }, "the file holds 400");
+    write_raw(d + "/v.npy", f4_header("(1, 1, 7, " + D() + ")"), std::string(7 * g_d * 4 - 48, '\0'));
+  }, "the file holds " + std::to_string(7 * g_d * 4 - 48));
   case_in("k, v batch != q batch", [](const std::string& d) {
-    const std::vector<float> kv(2 * 7 * 16, 0.f);
-    fa::npy_write(d + "/k.npy", {2, 1, 7, 16}, kv.data());
-    fa::npy_write(d + "/v.npy", {2, 1, 7, 16}, kv.data());
+    const std::vector<float> kv(2 * 7 * g_d, 0.f);
+    fa::npy_write(d + "/k.npy", {2, 1, 7, size_t(g_d)}, kv.data());
+    fa::npy_write(d + "/v.npy", {2, 1, 7, size_t(g_d)}, kv.data());
   }, "does not match q.npy");
   case_in("k shape != v shape", [](const std::string& d) {
-    const std::vector<float> kv(8 * 16, 0.f);
-    fa::npy_write(d + "/v.npy", {1, 1, 8, 16}, kv.data());
+    const std::vector<float> kv(8 * g_d, 0.f);
+    fa::npy_write(d + "/v.npy", {1, 1, 8, size_t(g_d)}, kv.data());
   }, "k.npy, v.npy [B, Hkv, Nk, d]");
   case_in("heads not a multiple of kv heads", [](const std::string& d) {
-    const std::vector<float> q(3 * 5 * 16, 0.f);
-    fa::npy_write(d + "/q.npy", {1, 3, 5, 16}, q.data());
-    fa::npy_write(d + "/do.npy", {1, 3, 5, 16}, q.data());
-    const std::vector<float> kv(2 * 7 * 16, 0.f);
-    fa::npy_write(d + "/k.npy", {1, 2, 7, 16}, kv.data());
-    fa::npy_write(d + "/v.npy", {1, 2, 7, 16}, kv.data());
+    const std::vector<float> q(3 * 5 * g_d, 0.f);
+    fa::npy_write(d + "/q.npy", {1, 3, 5, size_t(g_d)}, q.data());
+    fa::npy_write(d + "/do.npy", {1, 3, 5, size_t(g_d)}, q.data());
+    const std::vector<float> kv(2 * 7 * g_d, 0.f);
+    fa::npy_write(d + "/k.npy", {1, 2, 7, size_t(g_d)}, kv.data());
+    fa::npy_write(d + "/v.npy", {1, 2, 7, size_t(g_d)}, kv.data());
   }, "kv_heads must divide heads");
   case_in("head_dim 300", [](const std::string& d) {
     const std::vector<float> q(2 * 5 * 300, 0.f), kv(7 * 300, 0.f);
@@ -128,25 +131,25 @@ int main(int argc, char** argv) {
   }, "head_dim");
   case_in("a flag contradicts the files", [](const std::string&) {}, "--q-len 6 contradicts q.npy (5)", "--q-len 6");
   case_in("NaN in q", [](const std::string& d) {
-    std::vector<float> q(2 * 5 * 16, 0.25f);
-    q[(1 * 5 + 2) * 16 + 3] = NAN;  // [0, 1, 2, 3]
-    fa::npy_write(d + "/q.npy", {1, 2, 5, 16}, q.data());
+    std::vector<float> q(2 * 5 * g_d, 0.25f);
+    q[(1 * 5 + 2) * g_d + 3] = NAN;  // [0, 1, 2, 3]
+    fa::npy_write(d + "/q.npy", {1, 2, 5, size_t(g_d)}, q.data());
   }, "q.npy holds nan at [0, 1, 2, 3]");
   case_in("Inf in v", [](const std::string& d) {
-    std::vector<float> v(7 * 16, 0.5f);
-    v[6 * 16 + 15] = -INFINITY;  // [0, 0, 6, 15]
-    fa::npy_write(d + "/v.npy", {1, 1, 7, 16}, v.data());
-  }, "v.npy holds -inf at [0, 0, 6, 15]");
+    std::vector<float> v(7 * g_d, 0.5f);
+    v[6 * g_d + g_d - 1] = -INFINITY;  // [0, 0, 6, d - 1]
+    fa::npy_write(d + "/v.npy", {1, 1, 7, size_t(g_d)}, v.data());
+  }, "v.npy holds -inf at [0, 0, 6, " + std::to_string(g_d - 1) + "]");
   if (reads_do) {
     case_in("do.npy missing", [](const std::string& d) { std::remove((d + "/do.npy").c_str()); }, "do.npy");
     case_in("do.npy shape != q.npy shape", [](const std::string& d) {
-      const std::vector<float> x(2 * 4 * 16, 0.f);
-      fa::npy_write(d + "/do.npy", {1, 2, 4, 16}, x.data());
-    }, "do.npy [1, 2, 4, 16] must have q.npy's shape");
+      const std::vector<float> x(2 * 4 * g_d, 0.f);
+      fa::npy_write(d + "/do.npy", {1, 2, 4, size_t(g_d)}, x.data());
+    }, "do.npy [1, 2, 4, " + D() + "] must have q.npy's shape");
     case_in("NaN in do", [](const std::string& d) {
-      std::vector<float> x(2 * 5 * 16, 0.f);
+      std::vector<float> x(2 * 5 * g_d, 0.f);
       x[0] = NAN;
-      fa::npy_write(d + "/do.npy", {1, 2, 5, 16}, x.data());
+      fa::npy_write(d + "/do.npy", {1, 2, 5, size_t(g_d)}, x.data());
     }, "do.npy holds nan at [0, 0, 0, 0]");
   }
   // Output paths are checked before the run.
