@@ -14,5 +14,6 @@ WSQ_DECLARE(forward_v4_cp_async)
 WSQ_DECLARE(forward_v5_regs_p)
 WSQ_DECLARE(forward_v6_exp2)
 WSQ_DECLARE(forward_v7_tiles)
+WSQ_DECLARE(forward_v8_two_row_tiles)
 #undef WSQ_DECLARE
 }  // namespace wsq

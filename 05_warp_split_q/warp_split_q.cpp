@@ -24,6 +24,8 @@ const std::vector<Step>& forward_steps() {
        forward_v6_exp2<fa::bfloat16_t>},
       {"v7_tiles", "tile shapes per head_dim (Br = 128: 8 warps share each K/V tile)", forward_v7_tiles<fa::half_t>,
        forward_v7_tiles<fa::bfloat16_t>},
+      {"v8_two_row_tiles", "32 rows per warp: each K/V fragment read from shared memory feeds two mma",
+       forward_v8_two_row_tiles<fa::half_t>, forward_v8_two_row_tiles<fa::bfloat16_t>},
   };
   return steps;
 }

@@ -42,6 +42,8 @@ CSV=${2:-docs/results/$slug.csv}
 mkdir -p "$(dirname "$CSV")"
 TMP=$(mktemp "$CSV.XXXXXX") || exit 1
 trap 'rm -f "$TMP"' EXIT
+# Interrupted (Ctrl-C, a time limit): the rows measured so far are kept next to CSV, which is left as it was.
+trap 'mv "$TMP" "$CSV.partial"; echo "== measure: interrupted; the rows so far are in $CSV.partial"; trap - EXIT; exit 130' INT TERM
 
 have_torch=0
 python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && have_torch=1
@@ -85,13 +87,12 @@ add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --
 # hidden 2048: H = 32 at d = 64, H = 16 at d = 128), causal off and on, fp16, forward and backward; each run
 # also times 04 (fp32). Then PyTorch's flash (FA2) and cuDNN backends on the same shapes: 05's baselines.
 for d in 64 128; do
-  for n in 512 1024 2048 4096 8192 16384; do
-    for c in "" " --causal"; do
-      shape="--batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d"
-      add 05 "$B/05_warp_split_q/warp_split_q $shape --q-len $n --dtype fp16$c --backward --iters 10 --warmup 2"
-      for backend in flash cudnn; do
-        add 05 "python3 scripts/torch_sdpa.py bench $shape --sizes $n$c --dtype fp16 --backend $backend --backward"
-      done
+  for c in "" " --causal"; do
+    for n in 512 1024 2048 4096 8192 16384; do
+      add 05 "$B/05_warp_split_q/warp_split_q --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --backward --iters 10 --warmup 2"
+    done
+    for backend in flash cudnn; do
+      add 05 "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --backward --iters 10 --warmup 2"
     done
   done
 done
@@ -138,6 +139,7 @@ if [ "$rc" -eq 0 ] && [ -s "$CSV" ] && [ "$rows" -gt 0 ]; then
            END { for (i = 1; i <= n; i++) print rows[i] }' "$TMP" "$CSV" >"$MERGED" && mv "$MERGED" "$TMP"
 fi
 echo
+trap - INT TERM
 if [ "$rc" -eq 0 ]; then
   mv "$TMP" "$CSV" && trap - EXIT
   echo "== measure: $rows new rows in $CSV"

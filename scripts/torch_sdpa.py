@@ -60,6 +60,8 @@ def parse_args(argv):
     b.add_argument("--sizes", type=positive, nargs="+", default=[1024, 4096], help="key/value lengths Nk")
     b.add_argument("--q-len", type=positive, default=None, help="query length Nq (default: Nq = Nk)")
     b.add_argument("--batch", type=positive, default=1)
+    b.add_argument("--tokens", type=positive, default=None,
+                   help="batch = TOKENS / Nk for each size (FlashAttention's benchmark: 16384 tokens); overrides --batch")
     b.add_argument("--heads", type=positive, default=16)
     b.add_argument("--kv-heads", type=positive, default=None, help="default: --heads (no GQA)")
     b.add_argument("--head-dim", type=positive, default=64)
@@ -73,6 +75,8 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     if a.cmd == "bench":
         a.kv_heads = a.kv_heads or a.heads
+        if a.tokens and any(a.tokens % n for n in a.sizes):
+            ap.error(f"--tokens {a.tokens} must be a multiple of every size in --sizes")
         if a.heads % a.kv_heads:
             ap.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads}")
     return a
@@ -170,9 +174,10 @@ def bench(a):
     rows, ok = [], True
     for nk in a.sizes:
         nq = a.q_len or nk
-        q = (torch.randn(a.batch, a.heads, nq, a.head_dim, device="cuda") + 0.5).to(dtype)
-        k = (torch.randn(a.batch, a.kv_heads, nk, a.head_dim, device="cuda") + 0.5).to(dtype)
-        v = (torch.randn(a.batch, a.kv_heads, nk, a.head_dim, device="cuda") + 0.5).to(dtype)
+        batch = a.tokens // nk if a.tokens else a.batch
+        q = (torch.randn(batch, a.heads, nq, a.head_dim, device="cuda") + 0.5).to(dtype)
+        k = (torch.randn(batch, a.kv_heads, nk, a.head_dim, device="cuda") + 0.5).to(dtype)
+        v = (torch.randn(batch, a.kv_heads, nk, a.head_dim, device="cuda") + 0.5).to(dtype)
         mask, is_causal = None, a.causal and nq == nk
         if a.causal and nq != nk:  # torch's is_causal is top-left aligned; the chapters' is bottom-right
             from torch.nn.attention.bias import causal_lower_right
@@ -212,11 +217,11 @@ def bench(a):
             ms = sorted(times)[len(times) // 2]
             # Visible (query, key) pairs, bottom-right causal as in formulas.hpp.
             pairs = sum(min(nk, max(0, i + nk - nq + 1)) for i in range(nq)) if a.causal else nq * nk
-            flops = 4.0 * a.batch * a.heads * pairs * a.head_dim * (2.5 if pass_ == "bwd" else 1.0)
+            flops = 4.0 * batch * a.heads * pairs * a.head_dim * (2.5 if pass_ == "bwd" else 1.0)
             # Each tensor read or written once (Q, K, V, O; and dO, dQ, dK, dV): the least a kernel moves.
-            q_bytes, kv_bytes = elem * a.batch * a.heads * nq * a.head_dim, elem * a.batch * a.kv_heads * nk * a.head_dim
+            q_bytes, kv_bytes = elem * batch * a.heads * nq * a.head_dim, elem * batch * a.kv_heads * nk * a.head_dim
             bytes_ = (2 * q_bytes + 2 * kv_bytes) * (2 if pass_ == "bwd" else 1)
-            rows.append(f'"{dev}",torch,{kernel},{pass_},{a.dtype},{a.batch},{a.heads},{a.kv_heads},{nq},{nk},'
+            rows.append(f'"{dev}",torch,{kernel},{pass_},{a.dtype},{batch},{a.heads},{a.kv_heads},{nq},{nk},'
                         f'{a.head_dim},{int(a.causal)},0,{ms:.6g},{flops / ms / 1e9:.6g},{bytes_ / ms / 1e6:.6g},'
                         f'{bytes_:.0f},0,-1')
             print(f"torch {kernel} {pass_} Nq={nq} Nk={nk} d={a.head_dim} causal={int(a.causal)}: {ms:.4f} ms "
