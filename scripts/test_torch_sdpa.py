@@ -80,6 +80,11 @@ class TorchSdpaCases(unittest.TestCase):
                 self.assertTrue(1 <= Nq <= 8, c)
                 self.assertEqual(c.outputs, torch_sdpa.FORWARD)
                 self.assertNotIn("--backward", c.flags)
+            else:
+                self.assertIsNone(c.lens, c)  # ragged contexts are chapter 06's alone
+            if c.lens:
+                self.assertEqual(len(c.lens), B, c)
+                self.assertTrue(all(0 <= n <= Nk for n in c.lens), c)
 
     def test_low_precision_coverage(self):
         key = {(c.prog[:2], c.dtype, c.causal, c.shape[3], c.shape[5]) for c in torch_sdpa.CASES}
@@ -90,6 +95,8 @@ class TorchSdpaCases(unittest.TestCase):
             self.assertIn(True, [(k[0], k[1], k[2], k[3]) == ("06", dtype, True, 4) for k in key])
         for chapter in ("05", "06"):
             self.assertEqual({k[4] for k in key if k[0] == chapter}, {64, 128})
+        ragged = [c for c in torch_sdpa.CASES if c.lens]  # an empty entry, and one with rows that see no key
+        self.assertTrue(any(0 in c.lens and any(0 < n < c.shape[3] for n in c.lens) and c.causal for c in ragged))
 
     def test_tolerances(self):
         tol = torch_sdpa.tolerance
@@ -109,8 +116,12 @@ class TorchSdpaCases(unittest.TestCase):
         self.assertEqual(torch_sdpa.program_args("b", c, "i", "o"),
                          [os.path.join("b", c.prog), "--in", "i", "--out", "o", "--iters", "0", "--causal", "--dtype",
                           c.dtype])
-        shapes = torch_sdpa.input_shapes(torch_sdpa.Case("p", [], "fp16", (2, 8, 2, 4, 203, 64), True, ()))
-        self.assertEqual(shapes, {"q": (2, 8, 4, 64), "k": (2, 2, 203, 64), "v": (2, 2, 203, 64), "do": (2, 8, 4, 64)})
+        ragged = torch_sdpa.Case("p", ["--dtype", "bf16"], "bf16", (3, 8, 2, 4, 203, 64), False, (), (203, 3, 0))
+        self.assertEqual(torch_sdpa.program_args("b", ragged, "i", "o"),
+                         [os.path.join("b", "p"), "--in", "i", "--out", "o", "--iters", "0", "--kv-lens", "203,3,0",
+                          "--dtype", "bf16"])
+        self.assertEqual(torch_sdpa.input_shapes(ragged),
+                         {"q": (3, 8, 4, 64), "k": (3, 2, 203, 64), "v": (3, 2, 203, 64), "do": (3, 8, 4, 64)})
 
 
 def numpy_or_skip(test):

@@ -37,9 +37,10 @@ BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient":
 FORWARD, ALL = ("o", "lse"), ("o", "lse", "dq", "dk", "dv")  # the .npy files a program writes with --out
 
 
-class Case(collections.namedtuple("Case", "prog flags dtype shape causal outputs")):
+class Case(collections.namedtuple("Case", "prog flags dtype shape causal outputs lens", defaults=(None,))):
     """One program run: its path in the build, extra flags, the dtype it computes in, the input shape
-    (B, H, Hkv, Nq, Nk, d) and the outputs it must write."""
+    (B, H, Hkv, Nq, Nk, d), the outputs it must write, and (chapter 06) each batch entry's context length
+    (None: every entry sees all Nk keys)."""
 
 
 # Both shapes have GQA, Nq != Nk and lengths that are not tile multiples; causal is bottom-right aligned.
@@ -58,15 +59,20 @@ CASES += [Case("05_warp_split_q/warp_split_q", ["--dtype", dtype, "--backward"],
           for dtype, d, causal in (("fp16", 64, False), ("fp16", 64, True), ("bf16", 64, False), ("bf16", 64, True),
                                    ("fp16", 128, True))]
 # Chapter 06 (q_len 1..8, head_dim 64 or 128): one decode step against a cache of capacity Nk (k.npy's length),
-# every entry's context full. Every kernel runs; the files hold the last kernel's (paged) O and LSE.
+# every entry's context full, then ragged contexts (--kv-lens): entry b sees its first n_b keys, causal aligned
+# to n_b, so with n_b = 3 < q_len = 4 the first row sees no key and with n_b = 0 none does (O = 0, LSE = -inf).
+# Every kernel runs; the files hold the last kernel's (paged) O and LSE.
 CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", dtype], dtype, (2, 8, 2, nq, 203, d), causal,
                FORWARD)
           for dtype, nq, d, causal in (("fp16", 1, 128, False), ("fp16", 4, 64, True), ("bf16", 1, 64, False),
                                        ("bf16", 4, 128, True))]
+CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", "fp16"], "fp16", (3, 8, 2, 4, 203, 64), True,
+               FORWARD, (203, 3, 0))]
 
 # Tolerances: |got - torch| <= atol + rtol |torch| element-wise, torch being float64 SDPA on the values the
 # program computed with. The inputs are N(0, 1): S ~ N(0, 1) at scale d^-1/2 and every row sees 107 to 203 keys,
-# so |O| < 1 (std ~0.15), |LSE| < 10 and the gradients are ~0.1 (the largest ~0.5).
+# so |O| < 1 (std ~0.15), |LSE| < 10 and the gradients are ~0.1 (the largest ~0.5). (The ragged decode entry's
+# rows see 0 to 3 keys: |O| up to max |v| ~ 4.5, where half an ulp is still at most 2f, below.)
 # fp32 (chapters 00-04): their own checks hold O to 2e-5 and the gradients to 1e-4 (common/testing.hpp); 1e-3
 #   is far above any rounding, far below what a wrong head, mask, scale or layout moves (0.1 or more).
 # fp16/bf16 (chapters 05, 06), in units of the dtype's floor f = 2^-10 (fp16) or 2^-7 (bf16), twice the unit
@@ -151,16 +157,18 @@ def need_cuda_torch():
     return torch
 
 
-def sdpa_reference(torch, q, k, v, causal, scale):
-    """Reference semantics: bottom-right causal (key j <= i + Nk - Nq), GQA, empty rows -> 0."""
-    nq, nk = q.shape[2], k.shape[2]
+def sdpa_reference(torch, q, k, v, causal, scale, lens=None):
+    """Reference semantics: batch entry b sees its first n_b = lens[b] keys (default all Nk), bottom-right causal
+    (key j <= i + n_b - Nq), GQA, empty rows -> O = 0, LSE = -inf."""
+    nb, nq, nk = q.shape[0], q.shape[2], k.shape[2]
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        i = torch.arange(nq, device=q.device)[:, None]
-        j = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + nk - nq, float("-inf"))
+    n = torch.tensor(lens or [nk] * nb, device=q.device)[:, None, None, None]
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    hidden = (j >= n) | (j > i + n - nq) if causal else j >= n
+    s = s.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # empty rows: 0
     return p @ v, lse
@@ -175,6 +183,7 @@ def input_shapes(case):
 def program_args(build, case, inp, out):
     """The command line that runs a case's program on the files in `inp`, writing to `out`, untimed."""
     args = [os.path.join(build, case.prog), "--in", inp, "--out", out, "--iters", "0"]
+    args += ["--kv-lens", ",".join(map(str, case.lens))] if case.lens else []
     return args + (["--causal"] if case.causal else []) + case.flags
 
 
@@ -213,6 +222,7 @@ def check(build):
     ok, compared = True, 0
     for c in cases:
         label = f"{c.prog:38s} {c.dtype} causal={int(c.causal)}"
+        label += f" kv-lens={','.join(map(str, c.lens))}" if c.lens else ""
         with tempfile.TemporaryDirectory() as tmp:
             inp, out = os.path.join(tmp, "in"), os.path.join(tmp, "out")
             os.makedirs(inp)
@@ -221,9 +231,10 @@ def check(build):
                 np.save(os.path.join(inp, name + ".npy"), x.numpy())
             # The values the program computes with: rounded to its dtype on load (nearest even; fp32: as they
             # are), widened exactly to float64.
-            q, k, v, do = (t[n].to(getattr(torch, DTYPES[c.dtype][0])).double().cuda() for n in ("q", "k", "v", "do"))
+            dtype = getattr(torch, DTYPES[c.dtype][0])
+            q, k, v, do = (t[n].to(dtype).double().cuda() for n in ("q", "k", "v", "do"))
             q, k, v = (x.requires_grad_() for x in (q, k, v))
-            o_ref, lse_ref = sdpa_reference(torch, q, k, v, c.causal, q.shape[-1] ** -0.5)
+            o_ref, lse_ref = sdpa_reference(torch, q, k, v, c.causal, q.shape[-1] ** -0.5, c.lens)
             ref = {"o": o_ref, "lse": lse_ref}
             if "dq" in c.outputs:
                 ref.update(zip(("dq", "dk", "dv"), torch.autograd.grad(o_ref, (q, k, v), do)))
