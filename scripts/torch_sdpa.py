@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch's scaled_dot_product_attention as an outside witness (run on a GPU machine).
 
-  check BUILD   For each chapter program in BUILD: write random q/k/v/do .npy files, run the program
-                with --in/--out, and compare its o.npy, lse.npy (and dq/dk/dv.npy) with torch SDPA in
-                float64 on the same tensors. Proves the file layout and the semantics (GQA, causal
-                alignment, scale) are PyTorch's, independently of our own reference. Fails if a program
-                disagrees, or if no program was found to check.
+  check BUILD   For each chapter program in BUILD: write random q/k/v/do .npy files (float32), run the
+                program with --in/--out, and compare its o.npy, lse.npy (and dq/dk/dv.npy) with torch
+                SDPA in float64 on the values the program computed with: the float32 tensors for
+                chapters 00-04, the tensors rounded to fp16 or bf16 for chapters 05 and 06 (they round
+                on load). Proves the file layout and the semantics (GQA, causal alignment, scale) are
+                PyTorch's, independently of our own reference. Fails if a program exits non-zero,
+                misses an output, writes it in the wrong dtype or disagrees, or if no program was found.
   bench         Time torch SDPA with CUDA events (warm-up, median of --iters, L2 flushed) and append
                 rows in the project's CSV format (--csv), so chapter timings have an outside baseline
                 measured in the same run. --backend picks the SDPA kernel (flash = FlashAttention-2,
@@ -21,6 +23,7 @@ Needs PyTorch with CUDA and NumPy; --help works without them. Exit codes: 0 ok, 
 no GPU/PyTorch, 2 bad usage.
 """
 import argparse
+import collections
 import os
 import subprocess
 import sys
@@ -31,9 +34,75 @@ HEADER = ("gpu,chapter,kernel,pass,dtype,B,H,Hkv,Nq,Nk,d,causal,dropout,ms,tflop
 DTYPES = {"fp32": ("float32", 4), "fp16": ("float16", 2), "bf16": ("bfloat16", 2)}
 BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "math": "MATH"}
-PROGRAMS = [("00_naive/naive", ["--backward"]), ("01_online_softmax/online_softmax", []),
-            ("02_fa1_forward/fa1_forward", []), ("03_fa1_backward/fa1_backward", []),
-            ("04_fa2/fa2", ["--backward"])]
+FORWARD, ALL = ("o", "lse"), ("o", "lse", "dq", "dk", "dv")  # the .npy files a program writes with --out
+
+
+class Case(collections.namedtuple("Case", "prog flags dtype shape causal outputs lens", defaults=(None,))):
+    """One program run: its path in the build, extra flags, the dtype it computes in, the input shape
+    (B, H, Hkv, Nq, Nk, d), the outputs it must write, and (chapter 06) each batch entry's context length
+    (None: every entry sees all Nk keys)."""
+
+
+# Both shapes have GQA, Nq != Nk and lengths that are not tile multiples; causal is bottom-right aligned.
+FP32_SHAPE = (2, 4, 2, 97, 203, 64)
+CASES = [Case(prog, flags, "fp32", FP32_SHAPE, causal, outputs)
+         for causal in (False, True)
+         for prog, flags, outputs in (("00_naive/naive", ["--backward"], ALL),
+                                      ("01_online_softmax/online_softmax", [], FORWARD),
+                                      ("02_fa1_forward/fa1_forward", [], FORWARD),
+                                      ("03_fa1_backward/fa1_backward", [], ALL),
+                                      ("04_fa2/fa2", ["--backward"], ALL))]
+# Chapter 05 (head_dim 64 or 128): every forward step and every backward step run; the files hold the last
+# forward step's O and LSE and the last backward step's deterministic-dQ gradients.
+CASES += [Case("05_warp_split_q/warp_split_q", ["--dtype", dtype, "--backward"], dtype, (2, 4, 2, 97, 203, d),
+               causal, ALL)
+          for dtype, d, causal in (("fp16", 64, False), ("fp16", 64, True), ("bf16", 64, False), ("bf16", 64, True),
+                                   ("fp16", 128, True))]
+# Chapter 06 (q_len 1..8, head_dim 64 or 128): one decode step against a cache of capacity Nk (k.npy's length),
+# every entry's context full, then ragged contexts (--kv-lens): entry b sees its first n_b keys, causal aligned
+# to n_b, so with n_b = 3 < q_len = 4 the first row sees no key and with n_b = 0 none does (O = 0, LSE = -inf).
+# Every kernel runs; the files hold the last kernel's (paged) O and LSE.
+CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", dtype], dtype, (2, 8, 2, nq, 203, d), causal,
+               FORWARD)
+          for dtype, nq, d, causal in (("fp16", 1, 128, False), ("fp16", 4, 64, True), ("bf16", 1, 64, False),
+                                       ("bf16", 4, 128, True))]
+CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", "fp16"], "fp16", (3, 8, 2, 4, 203, 64), True,
+               FORWARD, (203, 3, 0))]
+
+# Tolerances: |got - torch| <= atol + rtol |torch| element-wise, torch being float64 SDPA on the values the
+# program computed with. The inputs are N(0, 1): S ~ N(0, 1) at scale d^-1/2 and every row sees 107 to 203 keys,
+# so |O| < 1 (std ~0.15), |LSE| < 10 and the gradients are ~0.1 (the largest ~0.5). (The ragged decode entry's
+# rows see 0 to 3 keys: |O| up to max |v| ~ 4.5, where half an ulp is still at most 2f, below.)
+# fp32 (chapters 00-04): their own checks hold O to 2e-5 and the gradients to 1e-4 (common/testing.hpp); 1e-3
+#   is far above any rounding, far below what a wrong head, mask, scale or layout moves (0.1 or more).
+# fp16/bf16 (chapters 05, 06), in units of the dtype's floor f = 2^-10 (fp16) or 2^-7 (bf16), twice the unit
+#   roundoff u (common/lowp.hpp's lowp_floor):
+#   O, written in the dtype: its rounding, at most half an ulp = u at |O| < 2, plus chapter 05's rounding of P
+#     to the dtype before the PV product, which moves O_ic by at most u sum_j P_ij |v_jc| (a weighted mean of
+#     |v|, ~0.8, never above max |v| ~ 4.5). Worst case 5.5u with every error of one sign; atol 4f = 8u, while a
+#     wrong head, mask or scale moves O by 0.1 or more. Chapter 06 keeps P in fp32: only the final rounding.
+#   LSE, fp32 from exact products of dtype values (exp/log to ~2^-22): ~1e-6 relative, ~1e-5 at |LSE| = 10;
+#     chapter 05's own rule (check.hpp) atol 1e-4 + rtol 1e-5 leaves >5x; leaving out one key moves LSE by
+#     its weight P_ij, ~3e-3.
+#   dQ, dK, dV, fp32 from dtype inputs (P and dS rounded to the dtype for the tensor-core products, O read in
+#     the dtype): chapter 05's program rule (bwd_program.cuh) atol 8f + rtol 2f, its plain backward erring by
+#     1-5 f. The program's own fp64 check uses the same rule, so only a semantic difference fails here: a wrong
+#     head, mask or transposition moves the largest gradients by about their size, above bf16's 8f = 0.0625.
+LOWP_FLOOR = {"fp16": 2.0**-10, "bf16": 2.0**-7}
+
+
+def tolerance(dtype, name):
+    """(atol, rtol) for output `name` of a run in `dtype` (see above)."""
+    if dtype == "fp32":
+        return 1e-3, 0.0
+    f = LOWP_FLOOR[dtype]
+    return {"o": (4 * f, 0.0), "lse": (1e-4, 1e-5)}.get(name, (8 * f, 2 * f))
+
+
+def file_dtype(dtype, name):
+    """The .npy dtype a program writes: O in float16 for fp16 runs; everything else float32 (bf16 O exactly
+    widened: NumPy has no bf16)."""
+    return "float16" if dtype == "fp16" and name == "o" else "float32"
 
 
 def positive(text):
@@ -92,66 +161,101 @@ def need_cuda_torch():
     return torch
 
 
-def sdpa_reference(torch, q, k, v, causal, scale):
-    """Reference semantics: bottom-right causal (key j <= i + Nk - Nq), GQA, empty rows -> 0."""
-    nq, nk = q.shape[2], k.shape[2]
+def sdpa_reference(torch, q, k, v, causal, scale, lens=None):
+    """Reference semantics: batch entry b sees its first n_b = lens[b] keys (default all Nk), bottom-right causal
+    (key j <= i + n_b - Nq), GQA, empty rows -> O = 0, LSE = -inf."""
+    nb, nq, nk = q.shape[0], q.shape[2], k.shape[2]
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        i = torch.arange(nq, device=q.device)[:, None]
-        j = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + nk - nq, float("-inf"))
+    n = torch.tensor(lens or [nk] * nb, device=q.device)[:, None, None, None]
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    hidden = (j >= n) | (j > i + n - nq) if causal else j >= n
+    s = s.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # empty rows: 0
     return p @ v, lse
 
 
+def input_shapes(case):
+    """The shapes of the float32 .npy files a case writes: q and do [B, H, Nq, d], k and v [B, Hkv, Nk, d]."""
+    B, H, Hkv, Nq, Nk, d = case.shape
+    return {"q": (B, H, Nq, d), "k": (B, Hkv, Nk, d), "v": (B, Hkv, Nk, d), "do": (B, H, Nq, d)}
+
+
+def program_args(build, case, inp, out):
+    """The command line that runs a case's program on the files in `inp`, writing to `out`, untimed."""
+    args = [os.path.join(build, case.prog), "--in", inp, "--out", out, "--iters", "0"]
+    args += ["--kv-lens", ",".join(map(str, case.lens))] if case.lens else []
+    return args + (["--causal"] if case.causal else []) + case.flags
+
+
+def compare_output(np, path, want, dtype, name):
+    """(good, text): the .npy file at `path` against `want` (float64 NumPy; -inf where a row sees no key)."""
+    got = np.load(path)
+    atol, rtol = tolerance(dtype, name)
+    text = f"{str(got.dtype):7s} shape {tuple(got.shape)}"
+    if got.shape != want.shape:
+        return False, text + f" but torch's is {tuple(want.shape)}"
+    problems = []
+    if got.dtype != np.dtype(file_dtype(dtype, name)):
+        problems.append(f"expected {file_dtype(dtype, name)}")
+    elif dtype == "bf16" and name == "o" and (got.view(np.uint32) & 0xFFFF).any():
+        problems.append("values are not bf16 (low 16 bits set)")
+    g = got.astype(np.float64)
+    fin = np.isfinite(want)
+    diff = np.abs(g[fin] - want[fin])
+    err = diff.max() if diff.size else 0.0
+    if not (diff <= atol + rtol * np.abs(want[fin])).all():  # NaN fails too
+        problems.append("beyond tolerance")
+    if not (np.array_equal(np.isfinite(g), fin) and np.array_equal(g[~fin], want[~fin])):
+        problems.append("infinities differ")
+    text += f" max|diff| vs torch {err:.2e} (tol {atol:.1e} + {rtol:.0e} |ref|)"
+    return not problems, text + "".join("; " + x for x in problems)
+
+
 def check(build):
     torch = need_cuda_torch()
     import numpy as np
-    found = [(prog, extra) for prog, extra in PROGRAMS if os.path.exists(os.path.join(build, prog))]
-    if not found:
-        print(f"FAIL no chapter program found in {build} (build first; expected e.g. {build}/{PROGRAMS[0][0]})")
+    cases = [c for c in CASES if os.path.exists(os.path.join(build, c.prog))]
+    if not cases:
+        print(f"FAIL no chapter program found in {build} (build first; expected e.g. {build}/{CASES[0].prog})")
         return False
     torch.manual_seed(0)
-    B, H, Hkv, Nq, Nk, d = 2, 4, 2, 97, 203, 64
     ok, compared = True, 0
-    for causal in (False, True):
+    for c in cases:
+        label = f"{c.prog:38s} {c.dtype} causal={int(c.causal)}"
+        label += f" kv-lens={','.join(map(str, c.lens))}" if c.lens else ""
         with tempfile.TemporaryDirectory() as tmp:
             inp, out = os.path.join(tmp, "in"), os.path.join(tmp, "out")
             os.makedirs(inp)
-            t = {"q": torch.randn(B, H, Nq, d), "k": torch.randn(B, Hkv, Nk, d), "v": torch.randn(B, Hkv, Nk, d),
-                 "do": torch.randn(B, H, Nq, d)}
+            t = {name: torch.randn(shape) for name, shape in input_shapes(c).items()}
             for name, x in t.items():
                 np.save(os.path.join(inp, name + ".npy"), x.numpy())
-            q, k, v, do = (t[n].double().cuda().requires_grad_() for n in ("q", "k", "v", "do"))
-            o_ref, lse_ref = sdpa_reference(torch, q, k, v, causal, d ** -0.5)
-            grads = torch.autograd.grad(o_ref, (q, k, v), do)
-            ref = {"o": o_ref, "lse": lse_ref, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
-            for prog, extra in found:
-                args = [os.path.join(build, prog), "--in", inp, "--out", out, "--iters", "0"]
-                args += (["--causal"] if causal else []) + extra
-                r = subprocess.run(args, capture_output=True, text=True)
-                if r.returncode != 0:
-                    print(f"FAIL {prog} exited {r.returncode}: {r.stderr.strip()[-300:]}")
-                    ok = False
-                    continue
-                for name in ("o", "lse", "dq", "dk", "dv"):
-                    f = os.path.join(out, name + ".npy")
-                    if not os.path.exists(f):
-                        continue
-                    got = torch.from_numpy(np.load(f)).double()
-                    want = ref[name].detach().cpu()
-                    fin = torch.isfinite(want)
-                    err = (got[fin] - want[fin]).abs().max().item()
-                    same_inf = torch.equal(torch.isfinite(got), fin)
-                    good = err < 1e-3 and same_inf
-                    ok &= good
+            # The values the program computes with: rounded to its dtype on load (nearest even; fp32: as they
+            # are), widened exactly to float64.
+            dtype = getattr(torch, DTYPES[c.dtype][0])
+            q, k, v, do = (t[n].to(dtype).double().cuda() for n in ("q", "k", "v", "do"))
+            q, k, v = (x.requires_grad_() for x in (q, k, v))
+            o_ref, lse_ref = sdpa_reference(torch, q, k, v, c.causal, q.shape[-1] ** -0.5, c.lens)
+            ref = {"o": o_ref, "lse": lse_ref}
+            if "dq" in c.outputs:
+                ref.update(zip(("dq", "dk", "dv"), torch.autograd.grad(o_ref, (q, k, v), do)))
+            r = subprocess.run(program_args(build, c, inp, out), capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"FAIL {label} exited {r.returncode}: {(r.stderr.strip() or r.stdout.strip())[-300:]}")
+                ok = False
+                continue
+            for name in c.outputs:
+                f = os.path.join(out, name + ".npy")
+                if os.path.exists(f):
+                    good, text = compare_output(np, f, ref[name].detach().cpu().numpy(), c.dtype, name)
                     compared += 1
-                    print(f"{'ok  ' if good else 'FAIL'} {prog:38s} causal={int(causal)} {name:3s} "
-                          f"shape {tuple(got.shape)} max|diff| vs torch {err:.2e}")
-                    os.remove(f)
+                else:
+                    good, text = False, f"missing: the program wrote no {name}.npy"
+                ok &= good
+                print(f"{'ok  ' if good else 'FAIL'} {label} {name:3s} {text}")
     if compared == 0:
         print("FAIL no output was compared")
     return ok and compared > 0
