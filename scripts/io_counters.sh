@@ -22,7 +22,8 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   exit 1
 fi
 NCU=${NCU:-$(command -v ncu || true)}
-for guess in "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/ncu" /usr/local/cuda/bin/ncu; do
+for guess in "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/ncu" /usr/local/cuda/bin/ncu \
+             /usr/local/cuda/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu; do
   [ -n "$NCU" ] || { [ -x "$guess" ] && NCU=$guess; }
 done
 if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then
@@ -55,9 +56,9 @@ RUNS=(
   "06|06_flash_decoding/flash_decoding $DECODE --kernel all"
 )
 # The measurements: run id|chapter|kernel|pass (the result row's)|the launches of the run whose kernel is one of
-# the names listed, in launch order, with the measured pass's launches in [brackets]. Kernels of other names
-# (the fp64 check's helpers, 06's input fill, 04's kernel that 05 checks against, 00's inside 03) are not added;
-# a run whose launches differ from the list is reported as an error, not guessed at.
+# the names listed, in launch order, with the measured pass's launches in [brackets]. Launches of other kernels
+# (06's input fill, chapter 00's inside run 03) are left out; a run whose launches of the listed kernels differ
+# from the list is reported as an error, not guessed at.
 MEASURE=(
   "00|00|naive|fwd|[batched_gemm softmax_rows batched_gemm] batched_gemm batched_gemm softmax_backward_rows batched_gemm batched_gemm"
   "00|00|naive|bwd|batched_gemm softmax_rows batched_gemm [batched_gemm batched_gemm softmax_backward_rows batched_gemm batched_gemm]"
@@ -92,6 +93,12 @@ for k in "${!RUNS[@]}"; do
   "$NCU" --target-processes all --metrics dram__bytes_read.sum,dram__bytes_write.sum --kernel-name "regex:$names" \
     --export "$WORK/$id" --force-overwrite $cmd --iters 0 >"$WORK/$id.ncu.log" 2>&1 ||
     { tail -20 "$WORK/$id.ncu.log"; echo "!! ncu run $id failed (log: $WORK/$id.ncu.log)"; rc=1; continue; }
+  if grep -q ERR_NVGPUCTRPERM "$WORK/$id.ncu.log"; then
+    echo "!! ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): run as root, or allow"
+    echo "   non-admin profiling (NVIDIA's page on ERR_NVGPUCTRPERM says how)"
+    rc=1
+    break
+  fi
   # shellcheck disable=SC2086  # units is one option or none
   "$NCU" --import "$WORK/$id.ncu-rep" --csv --page raw $units >"$WORK/$id.raw.csv" 2>"$WORK/$id.import.log" ||
     { cat "$WORK/$id.import.log"; echo "!! ncu --import $id failed"; rc=1; continue; }
@@ -189,3 +196,4 @@ for l in lines:
 print(f"\n== io_counters: {len(lines)} rows in {out} (ratio = (read + write) / model; docs/io.md says how to read it)")
 EOF
 rm -rf "$WORK"
+echo "== io_counters: done in $SECONDS s"
