@@ -79,7 +79,8 @@ def draw(rows, path, colors=None):
         c = colors.get(r["chapter"], "tab:gray")
         ax.scatter(r["model_hbm_bytes"], y, s=36, facecolors=c if filled else "none", edgecolors=c, linewidths=1.2,
                    zorder=3)
-        ax.annotate(str(k), (r["model_hbm_bytes"], y), xytext=(5, 3 if k % 2 else -9), textcoords="offset points", fontsize=7, color=c)
+        ax.annotate(str(k), (r["model_hbm_bytes"], y), xytext=(5, 3 if k % 2 else -9), textcoords="offset points",
+                    fontsize=7, color=c)
         key.text(0, 1 - 0.045 * k, f'{k:>2}  {name(r)}  ({r["measured"] / r["model_hbm_bytes"]:.2f}x)\n'
                  f'     {r["shape"]}', fontsize=7, color=c, va="top", transform=key.transAxes, family="monospace")
     ax.set_xscale("log")

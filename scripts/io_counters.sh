@@ -189,7 +189,8 @@ with open(out + ".tmp", "w", newline="") as f:
                 "launches"])
     w.writerows(lines)
 os.replace(out + ".tmp", out)
-print(f"\n{'chapter':8} {'kernel':16} {'pass':4} {'shape':42} {'model MB':>10} {'read MB':>10} {'write MB':>10} {'ratio':>7}")
+print(f"\n{'chapter':8} {'kernel':16} {'pass':4} {'shape':42} {'model MB':>10} {'read MB':>10} {'write MB':>10} "
+      f"{'ratio':>7}")
 for l in lines:
     print(f"{l[1]:8} {l[2]:16} {l[3]:4} {l[4]:42} {float(l[5]) / 1e6:10.1f} {float(l[6]) / 1e6:10.1f} "
           f"{float(l[7]) / 1e6:10.1f} {float(l[8]):7.3f}")

@@ -82,7 +82,8 @@ FAKE_PROGRAM = textwrap.dedent("""\
             f.write("gpu,chapter,kernel,pass,dtype,B,H,Hkv,Nq,Nk,d,causal,dropout,ms,tflops,gbps,"
                     "model_hbm_bytes,extra_bytes,max_abs_err\\n")
             for r in json.loads(os.environ["FAKE_ROWS"])[me]:
-                f.write('"%s",%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,0,0,1,1,1,%.0f,0,0\\n' % ((os.environ["FAKE_GPU"],) + tuple(r)))
+                row = (os.environ["FAKE_GPU"],) + tuple(r)
+                f.write('"%s",%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,0,0,1,1,1,%.0f,0,0\\n' % row)
     """)
 
 
