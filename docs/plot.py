@@ -5,6 +5,7 @@
     python3 docs/plot.py --results DIR --out DIR           # other folders (the CPU test uses this)
     python3 docs/plot.py --roofline-table                  # also print the roofline table of docs/roofline.md
     python3 docs/plot.py --readme-table                    # also print the results table of the top README
+    python3 docs/plot.py --io-table                        # also print the table of docs/io.md
 
 One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, with <g> the GPU's short name
 (h100 for "NVIDIA H100 80GB HBM3"):
@@ -16,6 +17,8 @@ One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, wi
     <g>_05_fwd_<dtype>.png     chapter 05's steps and PyTorch's backends, TFLOP/s against N
     <g>_06_bandwidth.png       chapter 06, GB/s of K and V read against the cache length, the read-only ceiling
     <g>_06_splits.png          chapter 06, GB/s against the number of KV splits
+    <g>_io.png                 predicted against measured HBM bytes (io_counters.py), from <gpu>_io.csv, which
+                               scripts/io_counters.sh writes: drawn only where that file exists
 The 05 and 06 figures are drawn only when the CSV has rows of those chapters. The diagrams that come from no
 CSV (the map of the chapters, the FlashAttention-3 schedules) are drawn by docs/figures.py, which this script
 runs too, so one command regenerates every committed PNG.
@@ -41,6 +44,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import figures  # noqa: E402  (the diagrams)
+import io_counters  # noqa: E402  (the Nsight Compute counts against the traffic models)
 
 GiB = 1024.0 ** 3
 
@@ -558,14 +562,23 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "figures"), help="folder the PNGs are written to")
     ap.add_argument("--roofline-table", action="store_true", help="print the roofline table (markdown)")
     ap.add_argument("--readme-table", action="store_true", help="print the top README's results table (markdown)")
+    ap.add_argument("--io-table", action="store_true", help="print docs/io.md's table of model and DRAM bytes")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results) if f.endswith(".csv"))
+    io_files = io_counters.io_csvs(args.results)
+    csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results)
+                  if f.endswith(".csv") and os.path.join(args.results, f) not in io_files)
     if not csvs:
         raise SystemExit(f"no .csv files in {args.results}")
     written = []
     for c in csvs:
         written += plot_csv(c, args.out, args.roofline_table, args.readme_table)
+    for c in io_files:
+        rows = io_counters.read_rows(c)
+        if args.io_table:
+            print(f"\n{c}\n\n{io_counters.table(rows)}\n")
+        written.append(io_counters.draw(rows, os.path.join(args.out, f"{short_name(rows[0]['gpu'])}_io.png"),
+                                        CHAPTER_COLORS))
     written += figures.draw_all(args.out)
     for w in written:
         print(f"wrote {w}")
