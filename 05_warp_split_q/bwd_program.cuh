@@ -91,7 +91,7 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Prob
   }
   fa::DeviceBuffer<float> ws4(fa2::backward_workspace_bytes(p) / sizeof(float));
   fa::ResultRow r4 = fa::result_row("04", "fa2_atomic_dq", "bwd", p);
-  r4.model_hbm_bytes = fa::hbm_bytes_min_backward(p), r4.extra_bytes = double(fa2::backward_workspace_bytes(p));
+  r4.extra_bytes = double(fa2::backward_workspace_bytes(p));  // model bytes: 04's own page counts them
   rows.push_back(r4 = fa::time_kernel(opts, r4, [&] {
     fa2::backward(p, q4.get(), k4.get(), v4.get(), o4.get(), lse.get(), dout4.get(), dq.get(), dk.get(), dv.get(),
                   fa2::DqMode::Atomic, ws4.get());

@@ -26,10 +26,6 @@ inline double flops_backward(const Problem& p) { return 2.5 * flops_forward(p); 
 inline double hbm_bytes_min_forward(const Problem& p, int elem = 4) {
   return double(elem) * (2.0 * p.q_elems() + 2.0 * p.kv_elems()) + 4.0 * p.lse_elems();  // Q,K,V -> O, LSE
 }
-// The backward's: read Q, K, V, O, dO and LSE, write dQ, dK, dV.
-inline double hbm_bytes_min_backward(const Problem& p, int elem = 4) {
-  return double(elem) * (4.0 * p.q_elems() + 4.0 * p.kv_elems()) + 4.0 * p.lse_elems();
-}
 
 // Standard attention (chapter 00), each kernel reading its operands once and writing its result:
 //   forward:  Q,K -> S;  S -> P (+ P~ with dropout), L;  P~,V -> O        4 (5) N^2 matrix accesses

@@ -63,6 +63,10 @@ LABELS = {
     ("03", "fa1_backward"): "03 FA1 backward",
     ("03", "fa1"): "03 FA1 backward",
     ("04", "fa2"): "04 FA2",
+    ("04", "v4_micro_tile"): "04 FA2",
+    ("04", "v1_loop_swap"): "04 v1 loops swapped",
+    ("04", "v2_deferred_norm"): "04 v2 + deferred normalisation",
+    ("04", "v3_q_grid"): "04 v3 + grid over Q blocks",
     ("04", "fa2_atomic_dq"): "04 FA2, atomic dQ",
     ("04", "fa2_determ_dq"): "04 FA2, deterministic dQ",
     ("05", "split_k"): "05 split-K (warps split K_j, V_j)",
@@ -73,6 +77,8 @@ LABELS = {
     ("05", "v5_regs_p"): "05 v5 + P kept in registers",
     ("05", "v6_exp2"): "05 v6 + exp2, scale folded",
     ("05", "v7_tiles"): "05 v7 + tiles per head_dim",
+    ("05", "v8_two_row_tiles"): "05 v8 + two row tiles per warp",
+    ("06", "fa2_grid"): "06 FA2's grid (no split)",
     ("06", "split_kv"): "06 split-KV",
     ("06", "split_kv_gqa"): "06 split-KV, GQA heads packed",
     ("06", "unified_max"): "06 unified max (FlashDecoding++)",
@@ -95,7 +101,7 @@ SPEC = {
 
 # Chapter 06: the read-only bandwidth kernel (the ceiling) and rows of a split-count sweep, by kernel name.
 CEILING_KERNEL = re.compile(r"(read|bandwidth|copy)", re.I)
-SPLIT_KERNEL = re.compile(r"(?:splits?|_s)[=_-]?(\d+)$", re.I)
+SPLIT_KERNEL = re.compile(r"(?:splits?|_s|/s)[=_-]?(\d+)(\*?)$", re.I)  # "*": the heuristic's count
 
 
 def label(r):
@@ -290,10 +296,12 @@ def measured_read_gbps(rows):
 
 
 def roofline_points(rows):
-    """Rows that have both a FLOP count and a traffic model; intensity = FLOPs / model HBM bytes."""
+    """fp32 rows that have both a FLOP count and a traffic model; intensity = FLOPs / model HBM bytes. The roof
+    drawn is the fp32 FMA rate: the fp16/bf16 rows of chapters 05 and 06 run on tensor cores or are reads of a
+    cache, and their pages show them against their own baselines."""
     pts = []
     for r in rows:
-        if r["tflops"] > 0 and r["model_hbm_bytes"] > 0:
+        if r["dtype"] == "fp32" and r["tflops"] > 0 and r["model_hbm_bytes"] > 0:
             pts.append(dict(r, ai=flops(r) / r["model_hbm_bytes"]))
     return pts
 
@@ -452,33 +460,37 @@ def decode_06(rows, gpu, path_n, path_splits):
     split = [r for r in mine if not CEILING_KERNEL.search(r["kernel"]) and SPLIT_KERNEL.search(r["kernel"])]
     plain = [r for r in mine if r not in ceiling and r not in split]
     out = []
-    if plain:
+    if plain:  # one panel per (B, H, Hkv, q_len, d, dtype), the read-only kernel of the same shapes as a line
         fam = lambda r: (r["B"], r["H"], r["Hkv"], r["Nq"], r["d"], r["dtype"])  # noqa: E731
-        counts = defaultdict(int)
-        for r in plain:
-            counts[fam(r)] += 1
-        f = max(counts, key=lambda k: counts[k])
-        fig, ax = plt.subplots(figsize=(7.5, 4.6))
-        lines = OrderedDict()
-        for r in plain:
-            if fam(r) == f:
+        fams = list(OrderedDict.fromkeys(fam(r) for r in plain))[:4]
+        cols = min(2, len(fams))
+        rows_n = (len(fams) + cols - 1) // cols
+        fig, axes = plt.subplots(rows_n, cols, figsize=(6.2 * cols, 4.2 * rows_n), squeeze=False)
+        for ax, f in zip(axes.flat, fams):
+            lines = OrderedDict()
+            for r in plain:
+                if fam(r) == f:
+                    lines.setdefault(r["label"], []).append(r)
+            for r in [r for r in rows if r["chapter"] == "torch" and fam(r) == f and r["gbps"] > 0]:
                 lines.setdefault(r["label"], []).append(r)
-        for r in [r for r in rows if r["chapter"] == "torch" and fam(r) == f and r["gbps"] > 0]:
-            lines.setdefault(r["label"], []).append(r)
-        for name, pts in lines.items():
-            pts = sorted(pts, key=lambda r: r["Nk"])
-            ax.plot([r["Nk"] for r in pts], [r["gbps"] for r in pts], label=name, **style_of(pts[0]))
-        if ceiling:
-            top = max(r["gbps"] for r in ceiling)
-            ax.axhline(top, color="gray", linewidth=1.2, label=f"read-only bandwidth kernel: {top:.0f} GB/s")
-        pow2_ticks(ax, {r["Nk"] for v in lines.values() for r in v})
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("KV cache length Nk (log scale)")
-        ax.set_ylabel("GB/s (K and V bytes read / time)")
-        B, H, Hkv, Nq, d, dtype = f
-        ax.set_title(f"06 decoding, {dtype}, B={B} H={H} Hkv={Hkv} q_len={Nq} d={d}, on {gpu}", fontsize=10)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+            for name, pts in lines.items():
+                pts = sorted(pts, key=lambda r: r["Nk"])
+                ax.plot([r["Nk"] for r in pts], [r["gbps"] for r in pts], label=name, **style_of(pts[0]))
+            top = sorted((r for r in ceiling if fam(r) == f), key=lambda r: r["Nk"])
+            if top:
+                ax.plot([r["Nk"] for r in top], [r["gbps"] for r in top], color="gray", linewidth=2.5, alpha=0.6,
+                        label="read-only bandwidth kernel (the ceiling)")
+            pow2_ticks(ax, {r["Nk"] for v in lines.values() for r in v})
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("KV cache length Nk (log scale)")
+            ax.set_ylabel("GB/s (K and V bytes read / time)")
+            B, H, Hkv, Nq, d, dtype = f
+            ax.set_title(f"{dtype}, B={B} H={H} Hkv={Hkv} q_len={Nq} d={d}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+        for ax in list(axes.flat)[len(fams):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=6)
+        fig.suptitle(f"06 decoding on {gpu}", fontsize=10)
         fig.tight_layout()
         fig.savefig(path_n, dpi=110)
         plt.close(fig)
@@ -488,14 +500,19 @@ def decode_06(rows, gpu, path_n, path_splits):
         groups = OrderedDict()
         for r in split:
             key = (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["dtype"])
-            groups.setdefault(key, []).append((int(SPLIT_KERNEL.search(r["kernel"]).group(1)), r["gbps"]))
+            m = SPLIT_KERNEL.search(r["kernel"])
+            groups.setdefault(key, []).append((int(m.group(1)), r["gbps"], m.group(2) == "*"))
         for (B, H, Hkv, Nq, Nk, d, dtype), pts in groups.items():
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    label=f"B={B} H={H}/{Hkv} q_len={Nq} Nk={Nk} d={d} {dtype}")
-        if ceiling:
-            top = max(r["gbps"] for r in ceiling)
-            ax.axhline(top, color="gray", linewidth=1.2, label=f"read-only bandwidth kernel: {top:.0f} GB/s")
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                           label=f"B={B} H={H}/{Hkv} q_len={Nq} Nk={Nk} d={d} {dtype}")[0]
+            for p in [p for p in pts if p[2]]:
+                ax.plot([p[0]], [p[1]], marker="*", markersize=14, color=line.get_color(), linestyle="none",
+                        label=f"the heuristic's choice: {p[0]} splits")
+            top = [r for r in ceiling if (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["dtype"]) == (B, H, Hkv, Nq, Nk, d, dtype)]
+            if top:
+                ax.axhline(top[0]["gbps"], color="gray", linewidth=1.2,
+                           label=f"read-only bandwidth kernel, same shape: {top[0]['gbps']:.0f} GB/s")
         pow2_ticks(ax, {p[0] for pts in groups.values() for p in pts})
         ax.set_ylim(bottom=0)
         ax.set_xlabel("number of KV splits (log scale)")
