@@ -270,7 +270,7 @@ int max_bc() { return kBcMax; }
 BlockSizes block_sizes(int head_dim, size_t smem_bytes) {
   require_head_dim(head_dim);
   // Line 2 with M in fp32 elements, then the kernel's capacity (its register tiles are fixed).
-  const fa1_model::SeedBlockSizes s = fa1_model::seed_block_sizes(head_dim, smem_bytes / sizeof(float));
+  const fa1_model::PaperBlockSizes s = fa1_model::paper_block_sizes(head_dim, smem_bytes / sizeof(float));
   return {std::max(1, std::min(s.Br, br_max(head_dim))), std::max(1, std::min(s.Bc, kBcMax))};
 }
 

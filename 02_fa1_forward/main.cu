@@ -1,4 +1,4 @@
-// Chapter 02 program: the FlashAttention-1 forward (seed Algorithm 2) on the GPU, checked against the
+// Chapter 02 program: the FlashAttention-1 forward (FA1 paper, Algorithm 2) on the GPU, checked against the
 // fp64 reference, timed next to chapter 00 at the same size, with the HBM traffic Algorithm 2 implies
 // and the extra memory it needs (O(N) for l, m instead of 00's O(N^2) for S and P).
 //   ./fa1_forward                          B=4 H=32 N=1024 d=64 (128 blocks on a 132-SM H100)
@@ -28,7 +28,7 @@ int main(int argc, char** argv) try {
   int sram_kb = 0;
   bool skip_naive = false;
   fa::Cli cli("fa1_forward",
-              "Chapter 02: FlashAttention-1 forward (seed Algorithm 2), next to chapter 00, checked against fp64.",
+              "Chapter 02: FlashAttention-1 forward (FA1 paper, Algorithm 2), next to chapter 00, checked against fp64.",
               defaults());
   cli.add_option("--sram-kb", &sram_kb, "pretend the on-chip memory M is this many KiB (auto = the device's)", 0, true);
   cli.add_flag("--no-naive", &skip_naive, "do not run chapter 00 for comparison");
@@ -43,15 +43,15 @@ int main(int argc, char** argv) try {
   fa::check_outputs_writable(opts);
   std::printf("problem: %s (forward)\n", fa::describe(p).c_str());
 
-  // 3. The GPU (none: exit 1): its shared memory sets the tiles (seed Algorithm 2, line 1).
+  // 3. The GPU (none: exit 1): its shared memory sets the tiles (Algorithm 2, line 1).
   fa::require_gpu();
   const size_t M = sram_kb > 0 ? size_t(sram_kb) * 1024 : fa1::device_sram_bytes();
   const fa1::BlockSizes bs = fa1::block_sizes(p.head_dim, M);
-  const auto seed_bs = fa1_model::seed_block_sizes(p.head_dim, M / sizeof(float));
+  const auto paper_bs = fa1_model::paper_block_sizes(p.head_dim, M / sizeof(float));
   const int Tr = fa1_model::ceil_div(p.q_len, bs.Br), Tc = fa1_model::ceil_div(p.kv_len, bs.Bc);
   std::printf("tiles:   M = %s (%zu floats): seed Br = %d, Bc = %d; kernel (clamped to Br <= %d, Bc <= %d) "
               "Br = %d, Bc = %d; Tr = %d, Tc = %d\n",
-              fa::human_bytes(double(M)).c_str(), M / sizeof(float), seed_bs.Br, seed_bs.Bc, fa1::max_br(p.head_dim),
+              fa::human_bytes(double(M)).c_str(), M / sizeof(float), paper_bs.Br, paper_bs.Bc, fa1::max_br(p.head_dim),
               fa1::max_bc(), bs.Br, bs.Bc, Tr, Tc);
   std::printf("grid:    %d blocks, one per (batch, head), on %d SMs\n", p.batch * p.heads,
               fa::device_props().multiProcessorCount);
@@ -74,15 +74,16 @@ int main(int argc, char** argv) try {
   r.model_hbm_bytes = fa1::forward_hbm_bytes(p, bs), r.extra_bytes = lm_bytes, r.max_abs_err = e.max_abs;
   std::vector<fa::ResultRow> rows;
   if (opts.iters > 0) rows.push_back(r = fa::time_kernel(opts, r, fwd));
-  const double seed_bytes = 4.0 * p.batch * p.heads * fa1_model::seed_formula_elements_per_head(p, bs.Bc);
+  const double paper_bytes = 4.0 * p.batch * p.heads * fa1_model::paper_formula_elements_per_head(p, bs.Bc);
   const size_t naive_ws = naive::workspace_bytes(p, false);
   std::printf("hbm:     Algorithm 2, line by line (model.hpp, x 4 bytes, all heads): %s; leading term "
               "3 Nq d Tc per head, Tc = %d passes over Q and O%s\n",
               fa::human_bytes(r.model_hbm_bytes).c_str(), Tc, p.causal ? " (causal: the skipped blocks subtracted)" : "");
-  std::printf("hbm:     seed formula 2 d (2 Nk + 3 Nq Tc) elements per head x 4 bytes: %s\n",
-              fa::human_bytes(seed_bytes).c_str());
+  std::printf("hbm:     the paper's 2Nd(2 + 3Tc) bytes at 2 bytes an element = d (2 Nk + 3 Nq Tc) elements per head, "
+              "x 4 bytes: %s\n",
+              fa::human_bytes(paper_bytes).c_str());
   std::printf("extra:   02 keeps l, m: %s (O(N)); 00 needs %s for S, P%s (O(N^2))\n", fa::human_bytes(lm_bytes).c_str(),
-              fa::human_bytes(double(naive_ws)).c_str(), p.dropout_p > 0 ? ", P~" : "");
+              fa::human_bytes(double(naive_ws)).c_str(), p.dropout_p > 0 ? ", P^drop" : "");
   bool ok = e.ok();
   const bool naive_fits = double(naive_ws) + fa::device_io_bytes(p, false) + lm_bytes <= double(fa::device_free_bytes());
   if (!skip_naive && !naive_fits)

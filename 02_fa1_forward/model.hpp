@@ -15,10 +15,10 @@ namespace fa1_model {
 // Line 2, straight from the paper: M is the on-chip memory in elements (fp32: bytes / 4).
 // K_j and V_j take Bc*d elements each and Q_i, O_i Br*d each; with Bc*d ~ M/4 and Br <= Bc the four
 // tiles and S_ij (Br*Bc <= d*Bc ~ M/4) fit in M. Br <= d keeps S_ij no larger than one K_j tile.
-struct SeedBlockSizes {
+struct PaperBlockSizes {
   int Br, Bc;
 };
-inline SeedBlockSizes seed_block_sizes(int d, size_t M_elements) {
+inline PaperBlockSizes paper_block_sizes(int d, size_t M_elements) {
   const int c = int((M_elements + 4 * size_t(d) - 1) / (4 * size_t(d)));  // ceil(M / 4d)
   return {std::min(c, d), c};
 }
@@ -57,7 +57,7 @@ inline double hbm_elements_per_head(const fa::Problem& p, int Br, int Bc) {
 // written (3 Tc). With N split into Nk (the K, V term) and Nq (the Tc passes over Q and O) that is
 // d (2 Nk + 3 Nq Tc) elements - the Nd-sized terms of the line-by-line count above without line 3's
 // initialisation (the l, m terms are N-sized and left out of both).
-inline double seed_formula_elements_per_head(const fa::Problem& p, int Bc) {
+inline double paper_formula_elements_per_head(const fa::Problem& p, int Bc) {
   const double Nq = p.q_len, Nk = p.kv_len, d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
   return d * (2 * Nk + 3 * Nq * Tc);
 }

@@ -67,11 +67,11 @@ TEST_CASE("02 model: large logits (the max subtraction and the rescaling at ever
 
 TEST_CASE("02 block sizes (line 2) and the HBM count") {
   // H100: 227 KiB of shared memory per block = 58112 fp32 elements
-  const auto h100 = fa1_model::seed_block_sizes(64, 232448 / 4);
+  const auto h100 = fa1_model::paper_block_sizes(64, 232448 / 4);
   CHECK(h100.Bc == 227);
   CHECK(h100.Br == 64);
-  CHECK(fa1_model::seed_block_sizes(16, 232448 / 4).Br == 16);
-  CHECK(fa1_model::seed_block_sizes(128, 49152 / 4).Bc == 24);
+  CHECK(fa1_model::paper_block_sizes(16, 232448 / 4).Br == 16);
+  CHECK(fa1_model::paper_block_sizes(128, 49152 / 4).Bc == 24);
   // N = 1024, d = 64, Bc = 64: Tc = 16, leading term 3 N d Tc
   Problem p = make(1024, 1024, 64, false);
   const double N = 1024, d = 64, Tc = 16;
@@ -81,7 +81,7 @@ TEST_CASE("02 block sizes (line 2) and the HBM count") {
   CHECK(fa1_model::visited_rows(p, 64, 64) == 136 * 64);
   CHECK(fa1_model::hbm_elements_per_head(p, 64, 64) == N * d + 2 * N + 2 * N * d + 136 * 64 * (3 * d + 4) + 3 * N);
   p.causal = false;
-  CHECK(fa1_model::seed_formula_elements_per_head(p, 64) == N * d * (2 + 3 * Tc));
+  CHECK(fa1_model::paper_formula_elements_per_head(p, 64) == N * d * (2 + 3 * Tc));
 }
 
 // README §3's worked example (chapter 01's numbers, now as FA1's Algorithm 2 runs them): one query row, d = 1,
@@ -110,7 +110,7 @@ TEST_CASE("02 worked example: m_i, l_i and the normalised O_i after each K/V blo
 // they imply at N = 4096 (one head): Tc grows as Bc shrinks and the leading term 3 N d Tc with it.
 TEST_CASE("02 exercise 1: Bc, Tc and the HBM count for a 48 KiB and a 24 KiB tiling") {
   const Problem p = make(4096, 4096, 64, false);
-  const auto kb48 = fa1_model::seed_block_sizes(64, 48 * 1024 / 4), kb24 = fa1_model::seed_block_sizes(64, 24 * 1024 / 4);
+  const auto kb48 = fa1_model::paper_block_sizes(64, 48 * 1024 / 4), kb24 = fa1_model::paper_block_sizes(64, 24 * 1024 / 4);
   CHECK(kb48.Bc == 48);
   CHECK(kb48.Br == 48);
   CHECK(kb24.Bc == 24);

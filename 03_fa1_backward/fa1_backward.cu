@@ -234,7 +234,7 @@ void backward(const fa::Problem& p, RngState rng, const float* q, const float* k
   }
 }
 
-double backward_seed_formula_bytes(const fa::Problem& p) { return fa1_bwd_model::seed_formula_bytes(p, kBc); }
+double backward_paper_formula_bytes(const fa::Problem& p) { return fa1_bwd_model::paper_formula_bytes(p, kBc); }
 double backward_hbm_bytes(const fa::Problem& p) { return fa1_bwd_model::hbm_bytes(p, kBr, kBc); }
 
 }  // namespace fa1

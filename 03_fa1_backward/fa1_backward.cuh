@@ -14,6 +14,6 @@ void backward(const fa::Problem& p, RngState rng, const float* q, const float* k
 double backward_hbm_bytes(const fa::Problem& p);
 // The closed form often quoted, 2 N d (4 + 5 Tc) bytes at 2 bytes per element, i.e. N d (4 + 5 Tc) elements per head,
 // as d (4 Nk + 5 Nq Tc) x 4 bytes x B H: printed next to the count above (README section 4 compares them).
-double backward_seed_formula_bytes(const fa::Problem& p);
+double backward_paper_formula_bytes(const fa::Problem& p);
 
 }  // namespace fa1

@@ -1,5 +1,5 @@
 // Chapter 03 program: chapter 02's FlashAttention-1 forward, then this chapter's backward
-// (seed Algorithm 4), checked against the fp64 reference, timed next to chapter 00's backward at the
+// (FA1 paper, Algorithm 4), checked against the fp64 reference, timed next to chapter 00's backward at the
 // same size. No N x N buffer: it runs where 00 refuses.
 //   ./fa1_backward                      B=4 H=16 N=1024 d=64
 //   ./fa1_backward --batch 2 --heads 16 --q-len 32768 --iters 3 --warmup 1   (00 skipped: S, P, dP do not fit)
@@ -69,10 +69,11 @@ int main(int argc, char** argv) try {
     rows.push_back(rb = fa::time_kernel(opts, rb, bwd));
   }
   std::printf("model:   backward %.4g FLOP (2.5 x the forward's %.4g); HBM traffic %s by Algorithm 4's count "
-              "(Nd(5 + 5Tc) + 2N Tc elements per head without a mask), %s by the seed's 2Nd(4 + 5Tc) elements, "
+              "(Nd(5 + 5Tc) + 2N Tc elements per head without a mask), %s by the paper's 2Nd(4 + 5Tc) bytes at 2 bytes "
+              "an element (= d (4 Nk + 5 Nq Tc) elements, here x 4 bytes), "
               "%s for 00's backward\n",
               fa::flops_backward(p), fa::flops_forward(p), fa::human_bytes(rb.model_hbm_bytes).c_str(),
-              fa::human_bytes(fa1::backward_seed_formula_bytes(p)).c_str(),
+              fa::human_bytes(fa1::backward_paper_formula_bytes(p)).c_str(),
               fa::human_bytes(fa::hbm_bytes_naive_backward(p)).c_str());
   bool ok = ef.ok() && eb.ok();
   // 00 needs its N x N workspace (S, P, dP) next to our tensors.
@@ -86,7 +87,7 @@ int main(int argc, char** argv) try {
     ok = fa::compare_with(opts, in, t, rb, fa::naive_row(p, "bwd", double(naive_ws)), naive_bwd, rows) && ok;
   } else {
     std::printf("00:      skipped: its backward needs %s for S, P%s, dP at this size, more than the device has free\n",
-                fa::human_bytes(double(naive_ws)).c_str(), p.dropout_p > 0 ? ", P~" : "");
+                fa::human_bytes(double(naive_ws)).c_str(), p.dropout_p > 0 ? ", P^drop" : "");
   }
 
   // 6. Print.

@@ -165,7 +165,7 @@ inline double hbm_bytes(const fa::Problem& p, int Br, int Bc) {
 // The closed form often quoted, 2 N d (4 + 5 Tc), is in BYTES at 2 bytes per element (fp16): N d (4 + 5 Tc) elements
 // per head, as d (4 Nk + 5 Nq Tc). Here in fp32 bytes, printed next to the count above for comparison
 // (README section 4 says how the two differ).
-inline double seed_formula_bytes(const fa::Problem& p, int Bc) {
+inline double paper_formula_bytes(const fa::Problem& p, int Bc) {
   const double d = p.head_dim, Tc = ceil_div(p.kv_len, Bc);
   return 4.0 * p.batch * p.heads * d * (4.0 * p.kv_len + 5.0 * p.q_len * Tc);
 }

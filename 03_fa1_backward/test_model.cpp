@@ -67,7 +67,7 @@ TEST_CASE("03 HBM count: Nd(5 + 5 Tc) + 2 N Tc elements per head without a mask;
   Problem p = make(1, 1, 1, 1024, 1024, 64, false);
   const double N = 1024, d = 64, Tc = 16;  // Bc = 64
   CHECK(fa1_bwd_model::hbm_bytes(p, 32, 64) == 4 * (N * d * (5 + 5 * Tc) + 2 * N * Tc));
-  CHECK(fa1_bwd_model::seed_formula_bytes(p, 64) == 4 * N * d * (4 + 5 * Tc));
+  CHECK(fa1_bwd_model::paper_formula_bytes(p, 64) == 4 * N * d * (4 + 5 * Tc));
   // Causal, Br = 32: K/V tile j (keys 64j..64j+63) is first seen by query row 64j, so it visits N - 64j rows:
   // 16 N - 64 (0 + 1 + ... + 15) = 8704 rows in all, each moving 5d + 2 elements.
   p.causal = true;

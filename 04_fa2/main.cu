@@ -64,7 +64,7 @@ void print_work_notes(const fa::Problem& p) {
   std::printf("skip:    forward visits %lld of %lld (Q block, K/V block) tiles per head%s\n", tiles, tr * tc,
               p.causal ? " (causal: blocks above the diagonal skipped)" : "");
   // Per (Q row, K/V block) of Bc keys the FA2 forward does Bc exps for P plus one for exp(m_old - m_new), and
-  // d multiplies to rescale O~; FA1 (seed Algorithm 2, line 12) also rescales and divides O_i by l_new and
+  // d multiplies to rescale O~; FA1 (its paper's Algorithm 2, line 12) also rescales and divides O_i by l_new and
   // reads and writes O_i, l_i, m_i through HBM in every step.
   const double rows = double(p.batch) * p.heads * p.q_len;
   const double steps = double(p.batch) * p.heads * t.Br * double(tiles);  // row-steps, incl. tail padding

@@ -14,6 +14,13 @@
 
 namespace wsq_bwd_testing {
 
+// A test problem: shape and causal; scale 1/sqrt(d), no dropout (the chapter has none), seed 0.
+inline fa::Problem make(int B, int H, int Hkv, int nq, int nk, int d, bool causal) {
+  fa::Problem p;
+  p.batch = B, p.heads = H, p.kv_heads = Hkv, p.q_len = nq, p.kv_len = nk, p.head_dim = d, p.causal = causal;
+  return p;
+}
+
 struct Case {
   fa::Problem p;
   fa::Dtype t;

@@ -14,14 +14,9 @@
 
 using namespace fa;
 using wsq_bwd_testing::Case;
+using wsq_bwd_testing::make;
 
 namespace {
-
-Problem make(int B, int H, int Hkv, int nq, int nk, int d, bool causal) {
-  Problem p;
-  p.batch = B, p.heads = H, p.kv_heads = Hkv, p.q_len = nq, p.kv_len = nk, p.head_dim = d, p.causal = causal;
-  return p;
-}
 
 template <class T>
 void check_steps(const Case& c) {

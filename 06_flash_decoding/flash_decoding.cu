@@ -1,4 +1,4 @@
-// Chapter 06 kernels: split-KV decoding (seed Flash-Decoding), GQA packing, FlashDecoding++'s unified max, a paged
+// Chapter 06 kernels: split-KV decoding (Flash-Decoding), GQA packing, FlashDecoding++'s unified max, a paged
 // cache, the LSE merge, and the read-only ceiling. README §2-§6 derive each; the pseudo-code lines are README
 // Algorithm 1 (split) and Algorithm 2 (merge).
 //
