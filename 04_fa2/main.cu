@@ -30,20 +30,6 @@ fa::Options defaults() {
   return o;
 }
 
-std::string step_names() {  // "v1_..., v2_..., fa2" in ladder order
-  std::string names;
-  for (const auto& s : fa2::forward_steps()) names += std::string(names.empty() ? "" : ", ") + s.name;
-  return names;
-}
-
-// The forward steps --kernel selects: one by name, or all of them in ladder order.
-std::vector<fa2::ForwardStep> selected_steps(const std::string& kernel) {
-  if (kernel == "all") return fa2::forward_steps();
-  for (const auto& s : fa2::forward_steps())
-    if (s.name == kernel) return {s};
-  throw fa::UsageError("--kernel " + kernel + ": no such forward step (one of " + step_names() + ", or all)");
-}
-
 // HBM bytes of the 04 kernels with their tile sizes (the counts are in model.hpp, tested on the CPU).
 double hbm_bytes_fa2_forward(const fa::Problem& p) { return fa2_model::hbm_bytes_forward(p, fa2::forward_tiles().Br); }
 double hbm_bytes_fa2_backward(const fa::Problem& p, fa2::DqMode mode) {
@@ -151,7 +137,7 @@ int main(int argc, char** argv) try {
               "Chapter 04: FlashAttention-2 forward (a ladder of steps) and backward, fp32, checked against the fp64 "
               "reference and timed next to chapters 02 and 03.",
               defaults());
-  cli.add_option("--kernel", &f.kernel, "forward step to run: " + step_names() + ", or all (in ladder order)");
+  cli.add_option("--kernel", &f.kernel, "forward step to run: " + fa::step_names(fa2::forward_steps()) + ", or all (in ladder order)");
   cli.add_flag("--backward", &f.backward, "also run, check and time the backward pass (both dQ modes) and 03's");
   cli.add_flag("--sweep", &f.sweep,
                "run N = 1024, 4096, 16384 x head_dim 64, 128 x causal off/on (ignores --q-len, --kv-len, --head-dim, "
@@ -160,7 +146,7 @@ int main(int argc, char** argv) try {
   cli.extend_help("--head-dim", "this chapter: 16, 32, 64, 128");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
-  const std::vector<fa2::ForwardStep> steps = selected_steps(f.kernel);
+  const std::vector<fa2::ForwardStep> steps = fa::select_steps(fa2::forward_steps(), f.kernel);
   if (f.sweep && !opts.in_dir.empty()) throw fa::UsageError("--sweep makes its own inputs; it cannot be combined with --in");
 
   // 2. The problems (one, or the sweep's twelve) and this chapter's limits (bad input: exit 2).

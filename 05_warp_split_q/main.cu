@@ -37,17 +37,6 @@ fa::Options defaults() {
   return o;
 }
 
-std::string step_names() {  // "split_k, v1_mma, ..." in ladder order
-  std::string names;
-  for (const wsq::Step& s : wsq::forward_steps()) names += std::string(names.empty() ? "" : ", ") + s.name;
-  return names;
-}
-
-std::vector<wsq::Step> selected(const std::string& name) {  // find_step: UsageError naming the steps
-  if (name == "all") return wsq::forward_steps();
-  return {wsq::find_step(name)};
-}
-
 // Inputs rounded to the dtype once; every kernel and the references read these values.
 void round_inputs(fa::Dtype t, fa::HostTensors& in) {
   for (std::vector<float>* x : {&in.q, &in.k, &in.v}) {
@@ -83,7 +72,7 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, in.q, in.k, in.v);
   bool ok = true;
   std::vector<fa::ResultRow> rows;
-  for (const wsq::Step& s : selected(f.kernel)) {
+  for (const wsq::Step& s : fa::select_steps(wsq::forward_steps(), f.kernel)) {
     const wsq::ForwardFn<T> fn = wsq::fn<T>(s);
     auto go = [&] { fn(p, q.get(), k.get(), v.get(), o.get(), lse.get()); };
     o.poison(), lse.poison();  // an element a kernel forgets to write stays NaN and fails
@@ -140,7 +129,7 @@ int main(int argc, char** argv) try {
               "timed next to 04. --out writes the last step's o.npy as float16 for fp16 runs and as float32 for bf16 "
               "runs (NumPy has no bf16; the values are the bf16 outputs, exactly widened).",
               defaults());
-  cli.add_option("--kernel", &f.kernel, "all, or one step: " + step_names() + " (default all)");
+  cli.add_option("--kernel", &f.kernel, "all, or one step: " + fa::step_names(wsq::forward_steps()) + " (default all)");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16: inputs are rounded to it on load (default fp16)");
   cli.add_flag("--no-previous", &f.no_previous, "do not time chapter 04 for comparison");
   cli.add_flag("--backward", &f.backward,
@@ -151,7 +140,7 @@ int main(int argc, char** argv) try {
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
   const fa::Dtype t = fa::parse_dtype(f.dtype);
-  selected(f.kernel);
+  fa::select_steps(wsq::forward_steps(), f.kernel);
   if (f.bwd_kernel != "all") wsq::find_backward_step(f.bwd_kernel);
 
   // 2. The problem, this chapter's limits, the inputs rounded to the dtype (bad input: exit 2).

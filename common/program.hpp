@@ -40,6 +40,23 @@ void report_rows(const Options& opts, const std::vector<ResultRow>& rows);
 // "speedup: 02 fa1_forward is 3.10x 00 naive" (baseline time / this time), if both were timed.
 void print_speedup(const ResultRow& row, const ResultRow& baseline);
 
+// A ladder of kernels (a vector of steps, each with a `name`), for --kernel: "a, b, c" in ladder order, and
+// the steps a --kernel value selects: "all" gives every step, a name that step, anything else a UsageError
+// that lists the names.
+template <class Step>
+std::string step_names(const std::vector<Step>& steps) {
+  std::string names;
+  for (const Step& s : steps) names += std::string(names.empty() ? "" : ", ") + s.name;
+  return names;
+}
+template <class Step>
+std::vector<Step> select_steps(const std::vector<Step>& steps, const std::string& kernel) {
+  if (kernel == "all") return steps;
+  for (const Step& s : steps)
+    if (s.name == kernel) return {s};
+  throw UsageError("--kernel " + kernel + ": no such step (one of " + step_names(steps) + ", or all)");
+}
+
 // Prints PASSED or FAILED and returns main's exit code (0 or 1).
 int verdict(bool ok);
 // For main's catch (...): prints "error: ..." after flushing stdout (so a log reads in order) and
