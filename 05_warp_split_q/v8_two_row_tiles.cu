@@ -1,9 +1,9 @@
 // Step 8: two row tiles per warp. Steps 1-7 give each warp 16 query rows (one m16 tile of the mma), so every
 // K_j or V_j fragment a warp reads from shared memory by ldmatrix feeds exactly one mma. Here each warp owns
 // 32 rows (kM = 2 m16 tiles) and uses every B fragment it reads twice: shared-memory reads per mma halve.
-// Shared memory, not the tensor cores, is what steps 5-7 wait on: an SM reads 128 bytes of shared memory per
-// clock, and an m16n8k16 mma (4096 FLOPs) needs a 256-byte B fragment, so at one B fragment per mma the
-// shared-memory port caps the SM at 2048 FLOPs per clock, below what its tensor cores can do.
+// Why that should help: an SM reads 128 bytes of shared memory per clock, and an m16n8k16 mma (4096 FLOPs)
+// needs a 256-byte B fragment, so at one B fragment per mma the shared-memory port alone caps the SM at 2048
+// FLOPs per clock, below what its tensor cores can do (a ceiling, not a measurement: README section 4).
 // Br = 128 with 4 warps; the registers per lane grow (two sets of S, O~, m, l, and Q's A fragments), so a
 // block of 128 threads takes the registers 8 warps took in step 7.
 //
