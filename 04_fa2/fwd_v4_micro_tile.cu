@@ -19,12 +19,13 @@ using namespace tile;
 
 // ---- forward_kernel -----------------------------------------------------------------------------
 // O_i, L_i for one Q block (FA2 Algorithm 1, lines 1-11 of the README). Grid (Tr, H, B), 256 threads.
-// block_mask: Tr x Tc bits of fa::BlockMask on the device, or nullptr (dense).
+// kSparse: block_mask holds the Tr x Tc bits of a fa::BlockMask on the device (block-sparse); the dense kernel
+// (kSparse = false) is compiled without the test, so block sparsity costs dense attention nothing.
 // Thread (ty, tx) owns rows ty*4..ty*4+3 of the block: S_ij columns tx + 16c (c < 4) and O columns
 // OutCols<D>::col(tx, .), plus the row statistics m, l (replicated over the 16 lanes of a row).
 // Shared memory (floats): Q_i [Br][D+4], K_j [Bc][D+4], V_j [Bc][D], P~_ij^T [Bc][Br+4]
 //   = 68.6 KB at d = 64, 117.8 KB at d = 128 (dynamic, limit raised by cudaFuncSetAttribute).
-template <int D>
+template <int D, bool kSparse>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(fa::Problem p, const float* __restrict__ q, const float* __restrict__ k,
                    const float* __restrict__ v, float* __restrict__ o, float* __restrict__ lse,
@@ -62,9 +63,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int kv_stop = kv_end(p, i0, kFwdBr);  // line 3: blocks past the diagonal are skipped
-  const int mask_cols = fa::mask_cols_of(p.kv_len);
   for (int j0 = 0; j0 < kv_stop; j0 += kFwdBc) {
-    if (!fa::block_visible(block_mask, mask_cols, i0, j0)) continue;  // the same for the whole block: no divergence
+    if (kSparse && !fa::block_visible(block_mask, fa::mask_cols_of(p.kv_len), i0, j0)) continue;  // the same for the whole block
     __syncthreads();  // the previous iteration has finished reading K_j, V_j and P~_ij
     load_rows<D>(Ks, kLd, K, j0, kFwdBc, p.kv_len);  // line 4
     load_rows<D>(Vs, D, V, j0, kFwdBc, p.kv_len);
@@ -147,14 +147,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
+template <int D, bool kSparse>
 void launch(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
             const uint8_t* block_mask) {
   constexpr size_t kSmem = sizeof(float) * ((kFwdBr + kFwdBc) * (D + kPad) + kFwdBc * D + kFwdBc * (kFwdBr + kPad));
-  detail::allow_smem(forward_kernel<D>, kSmem, D);
+  detail::allow_smem(forward_kernel<D, kSparse>, kSmem, D);
   const dim3 grid((p.q_len + kFwdBr - 1) / kFwdBr, p.heads, p.batch);
-  forward_kernel<D><<<grid, kThreads, kSmem>>>(p, q, k, v, o, lse, block_mask);
+  forward_kernel<D, kSparse><<<grid, kThreads, kSmem>>>(p, q, k, v, o, lse, block_mask);
   CHECK_LAUNCH();
+}
+template <int D>
+void launch(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
+            const uint8_t* block_mask) {
+  if (block_mask) launch<D, true>(p, q, k, v, o, lse, block_mask);
+  else launch<D, false>(p, q, k, v, o, lse, nullptr);
 }
 
 }  // namespace

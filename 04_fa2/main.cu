@@ -69,7 +69,7 @@ const char* const kModeNames[] = {"fa2_atomic_dq", "fa2_determ_dq"};
 
 // Block-sparse: fa2::forward and both backward modes with the block mask, on the inputs (and device tensors)
 // of the dense runs, each checked against the fp64 reference with the same mask and timed next to its dense
-// row. A row's TFLOP/s counts the FLOPs of the visible pairs alone (model.hpp), so it is the rate of work done.
+// row. A row's TFLOP/s counts the FLOPs of the visible pairs alone (formulas.hpp): the rate of work done.
 bool run_block_sparse(const fa::Options& opts, const Flags& f, const fa::Problem& p, const fa::HostTensors& in,
                       const fa::BlockMask& mask, fa::DeviceTensors& t, float* ws, const fa::ResultRow& dense_fwd,
                       const std::vector<fa::ResultRow>& dense_bwd, std::vector<fa::ResultRow>& rows) {
@@ -84,7 +84,7 @@ bool run_block_sparse(const fa::Options& opts, const Flags& f, const fa::Problem
   r.model_hbm_bytes = hbm_bytes_fa2_forward(p, &mask), r.max_abs_err = e.max_abs;
   if (opts.iters > 0) {
     r = fa::time_kernel(opts, r, fwd);
-    r.tflops = fa::tflops(fa2_model::flops_forward(p, &mask), r.ms);
+    r.tflops = fa::tflops(fa::flops_forward(p, &mask), r.ms);
     rows.push_back(r);
     fa::print_speedup(r, dense_fwd);
   }
@@ -100,7 +100,7 @@ bool run_block_sparse(const fa::Options& opts, const Flags& f, const fa::Problem
     r.extra_bytes = double(fa2::backward_workspace_bytes(p));
     if (opts.iters > 0) {
       r = fa::time_kernel(opts, r, bwd);
-      r.tflops = fa::tflops(fa2_model::flops_backward(p, &mask), r.ms);
+      r.tflops = fa::tflops(fa::flops_backward(p, &mask), r.ms);
       rows.push_back(r);
       fa::print_speedup(r, dense_bwd[mi]);
     }

@@ -158,23 +158,6 @@ inline double q_rows_streamed(const fa::Problem& p, int j0, int Br_kv, const fa:
   return n;
 }
 
-// (i, j) pairs per head that attend: the causal (or length) test AND the block mask. Counted per mask block.
-inline double visible_pairs(const fa::Problem& p, const fa::BlockMask* mask) {
-  double n = 0;
-  for (int i = 0; i < p.q_len; ++i) {
-    const int keys = p.visible_keys(i);
-    for (int j0 = 0; j0 < keys; j0 += fa::kMaskCols)
-      if (mask == nullptr || mask->visible(i, j0)) n += std::min(fa::kMaskCols, keys - j0);
-  }
-  return n;
-}
-// FLOPs of the two matmuls of the forward (4 d per visible pair, common/formulas.hpp) and the five of the
-// backward (2.5 x), with the block mask: density s of a dense problem costs s of its FLOPs.
-inline double flops_forward(const fa::Problem& p, const fa::BlockMask* mask) {
-  return 4.0 * p.batch * p.heads * p.head_dim * visible_pairs(p, mask);
-}
-inline double flops_backward(const fa::Problem& p, const fa::BlockMask* mask) { return 2.5 * flops_forward(p, mask); }
-
 // HBM traffic of the kernels, in bytes (fp32), for the result rows, as the code reads and writes.
 // Forward with Q blocks of Br rows: Q, O once, LSE once; every Q block streams the K/V rows it sees.
 inline double hbm_bytes_forward(const fa::Problem& p, int Br, const fa::BlockMask* mask = nullptr) {

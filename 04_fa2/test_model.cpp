@@ -150,8 +150,8 @@ TEST_CASE("04 counts, block-sparse: HBM bytes and FLOPs of the visible tiles") {
   CHECK(fa2_model::hbm_bytes_backward(p, true, 32, 64, 64, &dense) == fa2_model::hbm_bytes_backward(p, true, 32, 64, 64));
   CHECK(fa2_model::hbm_bytes_backward(p, false, 32, 64, 64, &dense) ==
         fa2_model::hbm_bytes_backward(p, false, 32, 64, 64));
-  CHECK(fa2_model::flops_forward(p, &dense) == flops_forward(p));
-  CHECK(fa2_model::flops_forward(p, nullptr) == flops_forward(p));
+  CHECK(fa::flops_forward(p, &dense) == flops_forward(p));
+  CHECK(fa::flops_forward(p, nullptr) == flops_forward(p));
   // local:0 keeps the 2 diagonal key blocks of each row block: every Q tile streams 128 K/V rows, every K/V tile
   // is read by 128 query rows; 1024 x 128 pairs.
   const BlockMask diag = local_block_mask(p, 0);
@@ -162,17 +162,17 @@ TEST_CASE("04 counts, block-sparse: HBM bytes and FLOPs of the visible tiles") {
         4 * N * (2 * d + 1) + 4 * (4 * N * d + streamed * (2 * d + 2)) + 4 * streamed * 2 * d);
   CHECK(fa2_model::hbm_bytes_backward(p, false, 32, 64, 64, &diag) ==
         4 * N * (2 * d + 1) + 4 * (4 * N * d + streamed * (2 * d + 2)) + 4 * (N * (3 * d + 2) + 2 * streamed * d));
-  CHECK(fa2_model::flops_forward(p, &diag) == 4 * d * N * 128);
-  CHECK(fa2_model::flops_backward(p, &diag) == 2.5 * 4 * d * N * 128);
+  CHECK(fa::flops_forward(p, &diag) == 4 * d * N * 128);
+  CHECK(fa::flops_backward(p, &diag) == 2.5 * 4 * d * N * 128);
   // Causal with the causal-equivalent mask: the causal counts (the mask removes nothing the causal test keeps).
   p.causal = true;
   const BlockMask cm = causal_block_mask(p);
   CHECK(fa2_model::hbm_bytes_forward(p, 64, &cm) == fa2_model::hbm_bytes_forward(p, 64));
-  CHECK(fa2_model::flops_forward(p, &cm) == flops_forward(p));
+  CHECK(fa::flops_forward(p, &cm) == flops_forward(p));
   // Density s: the K/V part of the forward's traffic and the FLOPs scale with s (exactly, on tile multiples).
   p.causal = false;
   const BlockMask r = random_block_mask(p, 0.25, 3);
   const double kv_dense = fa2_model::hbm_bytes_forward(p, 64) - 4 * (2 * N * d + N);
   CHECK(fa2_model::hbm_bytes_forward(p, 64, &r) - 4 * (2 * N * d + N) == doctest::Approx(r.density() * kv_dense));
-  CHECK(fa2_model::flops_forward(p, &r) == doctest::Approx(r.density() * flops_forward(p)));
+  CHECK(fa::flops_forward(p, &r) == doctest::Approx(r.density() * flops_forward(p)));
 }
