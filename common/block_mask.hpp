@@ -10,8 +10,8 @@
 // Generators (SPEC of the programs' --block-mask):
 //   local:W           sliding window: block (r, c) is kept iff it holds a pair (i, j) with
 //                     |j - (i + kv_len - q_len)| <= W (the diagonal bottom-right aligned, like causal)
-//   strided:S         every S-th key block (c % S == 0) plus the blocks on the diagonal (local:0), the
-//                     block form of Child et al.'s strided pattern used in the FA1 paper
+//   strided:S         every S-th key block (c % S == 0) plus the blocks on the diagonal (local:0): the
+//                     block form of the strided pattern of Child et al.'s Sparse Transformer
 //   random:DENSITY[:SEED]  each block kept independently with probability DENSITY (seed 0 if omitted).
 //                     The diagonal is NOT forced on: the density is what it says, and rows that see no
 //                     key (O = 0, LSE = -inf) are a case the kernels must get right anyway.
@@ -40,6 +40,7 @@ FA_HD bool block_visible(const uint8_t* mask, int Tc, int i, int j) {
   return mask == nullptr || mask[(i / kMaskRows) * Tc + j / kMaskCols] != 0;
 }
 
+// Tr, Tc count mask blocks (128 x 64), which need not be a kernel's tiles (chapter 04's forward has 64-row ones).
 struct BlockMask {
   int Tr = 0, Tc = 0;
   std::vector<uint8_t> bits;  // [Tr][Tc], 1 = attend
