@@ -29,7 +29,7 @@ void launch(Kernel<typename fa::CudaType<T>::type> kernel, int Br, int threads, 
 }
 
 // The same launch for a kernel that also takes a block mask (block-sparse attention, common/block_mask.hpp;
-// nullptr = dense): step 8 and fa2-style block skipping (README, "Block-sparse").
+// nullptr = dense): step 8 and its block-sparse variant (README, "Block-sparse step 8").
 template <class Tc>
 using MaskedKernel = void (*)(fa::Problem, const Tc*, const Tc*, const Tc*, Tc*, float*, const uint8_t*);
 
