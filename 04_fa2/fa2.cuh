@@ -8,8 +8,10 @@
 // aligned (cudaMalloc's are): the kernels load four floats at a time.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "block_mask.hpp"
 #include "problem.hpp"
 
 namespace fa2 {
@@ -24,9 +26,14 @@ Tiles backward_tiles();  // main backward kernel (grid over K/V blocks); the det
 // Throws fa::UsageError naming what this chapter supports (head_dim 16/32/64/128, grid limits).
 void check_supported(const fa::Problem& p);
 
+// Block-sparse attention: `block_mask` is a device copy of a fa::BlockMask's bits for p's lengths
+// (common/block_mask.hpp: Tr x Tc bytes, blocks of 128 queries x 64 keys), or nullptr for dense attention.
+// The element mask is (block bit) AND (the causal test if p.causal); the tiles it masks are never loaded.
+
 // Forward: writes O and L = m + log l only (no l, m, no N x N buffer). Grid over (Q block, head, batch).
 // The last step of the ladder below.
-void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse);
+void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
+             const uint8_t* block_mask = nullptr);
 
 // The forward as a ladder of complete kernels, one file each (fwd_v1_*.cu .. fwd_v4_*.cu), each adding one
 // idea to the previous one. Every step has forward()'s contract (same inputs, outputs, checks and errors).
@@ -52,6 +59,7 @@ size_t backward_workspace_bytes(const fa::Problem& p);
 // Backward from the forward's O and LSE: dQ [B,H,Nq,d], dK and dV [B,Hkv,Nk,d] (summed over the query heads of a
 // GQA group). Every output element is written (dQ is zeroed first in Atomic mode), so outputs need no clearing.
 void backward(const fa::Problem& p, const float* q, const float* k, const float* v, const float* o, const float* lse,
-              const float* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace);
+              const float* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace,
+              const uint8_t* block_mask = nullptr);
 
 }  // namespace fa2

@@ -44,18 +44,20 @@ __device__ void load_stats(float* Ls, float* Ds, const float* lse_h, const float
 // ---- backward: the K/V-block kernel -------------------------------------------------------------------
 // dK_j, dV_j for one K/V block of kv head hk (README Algorithm 2, lines 2-12), summed over the query heads of
 // the GQA group (looped inside the block, so the sum is deterministic); with kAtomicDq also dQ_i += scale dS_ij K_j
-// by atomicAdd (line 11). Grid (ceil(Nk/Bc), Hkv, B), 256 threads.
+// by atomicAdd (line 11). Grid (ceil(Nk/Bc), Hkv, B), 256 threads. kSparse: the Q blocks the block mask masks are
+// skipped (the dense kernel, kSparse = false, is compiled without the test).
 // Thread (ty, tx) owns key rows j = ty*4..ty*4+3 of S_ij^T (query columns tx + 16c, c < Br/16) and of dK_j, dV_j
 // (columns OutCols<D>::col(tx, .)); for dQ_i it owns query rows ty*2, ty*2+1.
 // Shared memory (floats): K_j, V_j [Bc][D+4]; Q_i, dO_i [Br][D+4]; P^drop_ij, dS_ij [Br][Bc+4]; L_i, D_i [Br]
 //   = 69.9 KB at d = 64, 119.0 KB at d = 128 (1 KB = 1000 bytes).
 // __launch_bounds__(.., 1): at d = 128 the shared memory allows one block per SM anyway; saying so lets ptxas use
 // the registers it needs (168) instead of squeezing to 128 and spilling.
-template <int D, bool kAtomicDq>
+template <int D, bool kAtomicDq, bool kSparse>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kv_kernel(fa::Problem p, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                        const float* __restrict__ lse, const float* __restrict__ dout, const float* __restrict__ D_rows,
-                       float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv) {
+                       float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv,
+                       const uint8_t* __restrict__ block_mask) {
   using Cols = OutCols<D>;
   constexpr int kLd = D + kPad, kLdS = kBwdBc + kPad;
   constexpr int kI = kBwdBr / kTx;        // query columns of S^T per thread
@@ -93,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     const size_t q_base = p.lse_offset(b, h);  // row index of (b, h, 0)
     for (int i0 = i_first / kBwdBr * kBwdBr; i0 < p.q_len; i0 += kBwdBr) {
+      if (kSparse && !fa::block_visible(block_mask, fa::mask_cols_of(p.kv_len), i0, j0)) continue;  // block-uniform: no divergence
       __syncthreads();  // the previous iteration has finished reading Q_i, dO_i, P^drop, dS (and K_j, V_j are loaded)
       load_rows<D>(Qs, kLd, q + q_base * D, i0, kBwdBr, p.q_len);  // line 5
       load_rows<D>(dOs, kLd, dout + q_base * D, i0, kBwdBr, p.q_len);
@@ -200,13 +203,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 // dQ_i for one Q block of head h (README Algorithm 2, lines 13-16): the forward's loop shape, recomputing S_ij,
 // P_ij, dP_ij and dS_ij per K/V block and summing scale dS_ij K_j on chip in a fixed order. Grid (ceil(Nq/Br), H, B),
 // 256 threads; thread (ty, tx) owns rows ty*4.. of S_ij (columns tx + 16c) and of dQ_i (columns OutCols<D>).
+// kSparse: the K/V blocks the block mask masks are skipped, as in the forward.
 // Shared memory (floats): Q_i, dO_i [Br][D+4]; K_j, V_j [Bc][D+4]; dS_ij^T [Bc][Br+4]; L_i, D_i [Br]
 //   = 87.6 KB at d = 64, 153.1 KB at d = 128 (fits the A100 limit of 163 KiB).
-template <int D>
-__global__ void __launch_bounds__(kThreads)
+// __launch_bounds__(.., kSparse ? 1 : 0): the block-sparse kernel at d = 64 spills 12 bytes on sm_80 when ptxas
+// aims at 128 registers; "at least 1 block per SM" lets it take 168 (the shared memory allows one block per SM on
+// an A100 anyway). 0 = no minimum: the dense kernel's bounds as they were.
+template <int D, bool kSparse>
+__global__ void __launch_bounds__(kThreads, kSparse ? 1 : 0)
     backward_dq_kernel(fa::Problem p, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                        const float* __restrict__ lse, const float* __restrict__ dout, const float* __restrict__ D_rows,
-                       float* __restrict__ dq) {
+                       float* __restrict__ dq, const uint8_t* __restrict__ block_mask) {
   using Cols = OutCols<D>;
   constexpr int kLd = D + kPad, kLdP = kFwdBr + kPad;
   extern __shared__ float4 smem4[];
@@ -238,6 +245,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int kv_stop = kv_end(p, i0, kFwdBr);
   for (int j0 = 0; j0 < kv_stop; j0 += kFwdBc) {  // line 15
+    if (kSparse && !fa::block_visible(block_mask, fa::mask_cols_of(p.kv_len), i0, j0)) continue;
     __syncthreads();
     load_rows<D>(Ks, kLd, k + kv_base, j0, kFwdBc, p.kv_len);
     load_rows<D>(Vs, kLd, v + kv_base, j0, kFwdBc, p.kv_len);
@@ -307,28 +315,37 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- host side ------------------------------------------------------------------------------------------
-template <int D>
+template <int D, bool kSparse>
 void backward_d(const fa::Problem& p, const float* q, const float* k, const float* v, const float* lse,
-                const float* dout, const float* D_rows, float* dq, float* dk, float* dv, DqMode mode) {
+                const float* dout, const float* D_rows, float* dq, float* dk, float* dv, DqMode mode,
+                const uint8_t* block_mask) {
   constexpr size_t kSmemKv =
       sizeof(float) * (2 * (kBwdBc + kBwdBr) * (D + kPad) + 2 * kBwdBr * (kBwdBc + kPad) + 2 * kBwdBr);
   const dim3 grid_kv((p.kv_len + kBwdBc - 1) / kBwdBc, p.kv_heads, p.batch);
   if (mode == DqMode::Atomic) {
-    detail::allow_smem(backward_kv_kernel<D, true>, kSmemKv, D);
+    detail::allow_smem(backward_kv_kernel<D, true, kSparse>, kSmemKv, D);
     CUDA_CHECK(cudaMemsetAsync(dq, 0, p.q_elems() * sizeof(float)));
-    backward_kv_kernel<D, true><<<grid_kv, kThreads, kSmemKv>>>(p, q, k, v, lse, dout, D_rows, dq, dk, dv);
+    backward_kv_kernel<D, true, kSparse><<<grid_kv, kThreads, kSmemKv>>>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, block_mask);
     CHECK_LAUNCH();
     return;
   }
   constexpr size_t kSmemQ =
       sizeof(float) * (2 * (kFwdBr + kFwdBc) * (D + kPad) + kFwdBc * (kFwdBr + kPad) + 2 * kFwdBr);
-  detail::allow_smem(backward_kv_kernel<D, false>, kSmemKv, D);
-  detail::allow_smem(backward_dq_kernel<D>, kSmemQ, D);
-  backward_kv_kernel<D, false><<<grid_kv, kThreads, kSmemKv>>>(p, q, k, v, lse, dout, D_rows, dq, dk, dv);
+  detail::allow_smem(backward_kv_kernel<D, false, kSparse>, kSmemKv, D);
+  detail::allow_smem(backward_dq_kernel<D, kSparse>, kSmemQ, D);
+  backward_kv_kernel<D, false, kSparse><<<grid_kv, kThreads, kSmemKv>>>(p, q, k, v, lse, dout, D_rows, dq, dk, dv,
+                                                                         block_mask);
   CHECK_LAUNCH();
   const dim3 grid_q((p.q_len + kFwdBr - 1) / kFwdBr, p.heads, p.batch);
-  backward_dq_kernel<D><<<grid_q, kThreads, kSmemQ>>>(p, q, k, v, lse, dout, D_rows, dq);
+  backward_dq_kernel<D, kSparse><<<grid_q, kThreads, kSmemQ>>>(p, q, k, v, lse, dout, D_rows, dq, block_mask);
   CHECK_LAUNCH();
+}
+template <int D>
+void backward_d(const fa::Problem& p, const float* q, const float* k, const float* v, const float* lse,
+                const float* dout, const float* D_rows, float* dq, float* dk, float* dv, DqMode mode,
+                const uint8_t* block_mask) {
+  if (block_mask) backward_d<D, true>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode, block_mask);
+  else backward_d<D, false>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode, nullptr);
 }
 
 }  // namespace
@@ -336,7 +353,8 @@ void backward_d(const fa::Problem& p, const float* q, const float* k, const floa
 size_t backward_workspace_bytes(const fa::Problem& p) { return p.lse_elems() * sizeof(float); }
 
 void backward(const fa::Problem& p, const float* q, const float* k, const float* v, const float* o, const float* lse,
-              const float* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace) {
+              const float* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace,
+              const uint8_t* block_mask) {
   detail::check_args(p, {q, k, v, o, dout, dq, dk, dv});
   float* D_rows = static_cast<float*>(workspace);  // D_i for every row: [B, H, Nq]
   const size_t rows = p.lse_elems();
@@ -344,10 +362,10 @@ void backward(const fa::Problem& p, const float* q, const float* k, const float*
                                                                                           p.head_dim);
   CHECK_LAUNCH();
   switch (p.head_dim) {
-    case 16: return backward_d<16>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode);
-    case 32: return backward_d<32>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode);
-    case 64: return backward_d<64>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode);
-    default: return backward_d<128>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode);
+    case 16: return backward_d<16>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode, block_mask);
+    case 32: return backward_d<32>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode, block_mask);
+    case 64: return backward_d<64>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode, block_mask);
+    default: return backward_d<128>(p, q, k, v, lse, dout, D_rows, dq, dk, dv, mode, block_mask);
   }
 }
 

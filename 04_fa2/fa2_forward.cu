@@ -23,13 +23,16 @@ const std::vector<ForwardStep>& forward_steps() {
        forward_v2_deferred_norm},
       {"v3_q_grid", "grid over (Q block, head, batch) instead of (head, batch)", forward_v3_q_grid},
       {"v4_micro_tile", "4 x 4 register micro-tiles of S_ij, float4 shared-memory loads, P~ stored transposed",
-       forward_v4_micro_tile},
+       [](const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse) {
+         forward_v4_micro_tile(p, q, k, v, o, lse, nullptr);
+       }},
   };
   return steps;
 }
 
-void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse) {
-  forward_v4_micro_tile(p, q, k, v, o, lse);
+void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
+             const uint8_t* block_mask) {
+  forward_v4_micro_tile(p, q, k, v, o, lse, block_mask);
 }
 
 Tiles forward_tiles() { return {tile::kFwdBr, tile::kFwdBc}; }

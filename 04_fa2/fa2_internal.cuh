@@ -2,6 +2,7 @@
 // each, and the two host checks every launch makes. forward_steps() (fa2_forward.cu) lists the steps.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 
 #include "cuda_check.cuh"
@@ -14,8 +15,9 @@ void forward_v1_loop_swap(const fa::Problem& p, const float* q, const float* k, 
 void forward_v2_deferred_norm(const fa::Problem& p, const float* q, const float* k, const float* v, float* o,
                               float* lse);
 void forward_v3_q_grid(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse);
+// Step 4 also takes a block mask (nullptr = dense): fa2::forward's.
 void forward_v4_micro_tile(const fa::Problem& p, const float* q, const float* k, const float* v, float* o,
-                           float* lse);
+                           float* lse, const uint8_t* block_mask);
 
 namespace detail {
 // check_supported(p), then the 16-byte alignment the float4 loads need (cudaMalloc's pointers have it).

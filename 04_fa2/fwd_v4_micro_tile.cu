@@ -6,7 +6,8 @@
 // owns a 4 x 4 micro-tile of S_ij: four rows of Q_i and four rows of K_j arrive as float4s (16 FMAs
 // per 8 loads of 16 bytes), P~_ij is stored transposed so the P~ V loop reads the 4 rows of a column
 // as one float4, and each thread's d/16 columns of O~_i (OutCols) are read from V_j as float2/float4.
-// Also: the mask is evaluated only on tiles that cross the diagonal or the end of the keys.
+// Also: the mask is evaluated only on tiles that cross the diagonal or the end of the keys, and with a
+// block mask (block-sparse attention, README §6) the K/V blocks it masks are skipped: never loaded, no FLOPs.
 // The algorithm (FA2 Algorithm 1, deferred normalisation, grid over Q blocks) is step 3's.
 #include "fa2_internal.cuh"
 #include "fa2_tiles.cuh"
@@ -18,14 +19,17 @@ using namespace tile;
 
 // ---- forward_kernel -----------------------------------------------------------------------------
 // O_i, L_i for one Q block (FA2 Algorithm 1, lines 1-11 of the README). Grid (Tr, H, B), 256 threads.
+// kSparse: block_mask holds the Tr x Tc bits of a fa::BlockMask on the device (block-sparse); the dense kernel
+// (kSparse = false) is compiled without the test, so block sparsity costs dense attention nothing.
 // Thread (ty, tx) owns rows ty*4..ty*4+3 of the block: S_ij columns tx + 16c (c < 4) and O columns
 // OutCols<D>::col(tx, .), plus the row statistics m, l (replicated over the 16 lanes of a row).
 // Shared memory (floats): Q_i [Br][D+4], K_j [Bc][D+4], V_j [Bc][D], P~_ij^T [Bc][Br+4]
 //   = 68.6 KB at d = 64, 117.8 KB at d = 128 (dynamic, limit raised by cudaFuncSetAttribute).
-template <int D>
+template <int D, bool kSparse>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(fa::Problem p, const float* __restrict__ q, const float* __restrict__ k,
-                   const float* __restrict__ v, float* __restrict__ o, float* __restrict__ lse) {
+                   const float* __restrict__ v, float* __restrict__ o, float* __restrict__ lse,
+                   const uint8_t* __restrict__ block_mask) {
   using Cols = OutCols<D>;
   constexpr int kLd = D + kPad, kLdP = kFwdBr + kPad;
   extern __shared__ float4 smem4[];
@@ -60,6 +64,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int kv_stop = kv_end(p, i0, kFwdBr);  // line 3: blocks past the diagonal are skipped
   for (int j0 = 0; j0 < kv_stop; j0 += kFwdBc) {
+    if (kSparse && !fa::block_visible(block_mask, fa::mask_cols_of(p.kv_len), i0, j0)) continue;  // the same for the whole block
     __syncthreads();  // the previous iteration has finished reading K_j, V_j and P~_ij
     load_rows<D>(Ks, kLd, K, j0, kFwdBc, p.kv_len);  // line 4
     load_rows<D>(Vs, D, V, j0, kFwdBc, p.kv_len);
@@ -142,25 +147,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
-void launch(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse) {
+template <int D, bool kSparse>
+void launch(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
+            const uint8_t* block_mask) {
   constexpr size_t kSmem = sizeof(float) * ((kFwdBr + kFwdBc) * (D + kPad) + kFwdBc * D + kFwdBc * (kFwdBr + kPad));
-  detail::allow_smem(forward_kernel<D>, kSmem, D);
+  detail::allow_smem(forward_kernel<D, kSparse>, kSmem, D);
   const dim3 grid((p.q_len + kFwdBr - 1) / kFwdBr, p.heads, p.batch);
-  forward_kernel<D><<<grid, kThreads, kSmem>>>(p, q, k, v, o, lse);
+  forward_kernel<D, kSparse><<<grid, kThreads, kSmem>>>(p, q, k, v, o, lse, block_mask);
   CHECK_LAUNCH();
+}
+template <int D>
+void launch(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
+            const uint8_t* block_mask) {
+  if (block_mask) launch<D, true>(p, q, k, v, o, lse, block_mask);
+  else launch<D, false>(p, q, k, v, o, lse, nullptr);
 }
 
 }  // namespace
 
 void forward_v4_micro_tile(const fa::Problem& p, const float* q, const float* k, const float* v, float* o,
-                           float* lse) {
+                           float* lse, const uint8_t* block_mask) {
   detail::check_args(p, {q, k, v, o});
   switch (p.head_dim) {
-    case 16: return launch<16>(p, q, k, v, o, lse);
-    case 32: return launch<32>(p, q, k, v, o, lse);
-    case 64: return launch<64>(p, q, k, v, o, lse);
-    default: return launch<128>(p, q, k, v, o, lse);
+    case 16: return launch<16>(p, q, k, v, o, lse, block_mask);
+    case 32: return launch<32>(p, q, k, v, o, lse, block_mask);
+    case 64: return launch<64>(p, q, k, v, o, lse, block_mask);
+    default: return launch<128>(p, q, k, v, o, lse, block_mask);
   }
 }
 

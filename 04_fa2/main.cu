@@ -7,6 +7,7 @@
 //   ./fa2 --sweep --backward --iters 5  N = 1024, 4096, 16384 x d = 64, 128, causal off and on
 //   ./fa2 --batch 1 --heads 2 --q-len 16384   grid size vs SM count when batch*heads is small
 //   ./fa2 --in DIR --out DIR            your own q/k/v(/do).npy; writes o/lse(/dq/dk/dv).npy
+//   ./fa2 --q-len 16384 --block-mask local:512 --backward   block-sparse, timed next to the dense kernels
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <cstdio>
 #include <string>
@@ -21,7 +22,8 @@ namespace {
 
 struct Flags {
   bool backward = false, sweep = false, no_previous = false;
-  std::string kernel;  // a forward step's name, or "all"
+  std::string kernel;      // a forward step's name, or "all"
+  std::string block_mask;  // SPEC (common/block_mask.hpp), empty = dense only
 };
 
 fa::Options defaults() {
@@ -31,10 +33,13 @@ fa::Options defaults() {
 }
 
 // HBM bytes of the 04 kernels with their tile sizes (the counts are in model.hpp, tested on the CPU).
-double hbm_bytes_fa2_forward(const fa::Problem& p) { return fa2_model::hbm_bytes_forward(p, fa2::forward_tiles().Br); }
-double hbm_bytes_fa2_backward(const fa::Problem& p, fa2::DqMode mode) {
+// With a block mask, only its visible tiles count.
+double hbm_bytes_fa2_forward(const fa::Problem& p, const fa::BlockMask* mask = nullptr) {
+  return fa2_model::hbm_bytes_forward(p, fa2::forward_tiles().Br, mask);
+}
+double hbm_bytes_fa2_backward(const fa::Problem& p, fa2::DqMode mode, const fa::BlockMask* mask = nullptr) {
   const fa2::Tiles tb = fa2::backward_tiles(), tf = fa2::forward_tiles();
-  return fa2_model::hbm_bytes_backward(p, mode == fa2::DqMode::Atomic, tb.Br, tb.Bc, tf.Br);
+  return fa2_model::hbm_bytes_backward(p, mode == fa2::DqMode::Atomic, tb.Br, tb.Bc, tf.Br, mask);
 }
 
 void print_work_notes(const fa::Problem& p) {
@@ -59,10 +64,55 @@ void print_work_notes(const fa::Problem& p) {
               steps * t.Bc, steps, steps * p.head_dim, rows * p.head_dim, 4.0 * steps * p.head_dim);
 }
 
+const fa2::DqMode kModes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
+const char* const kModeNames[] = {"fa2_atomic_dq", "fa2_determ_dq"};
+
+// Block-sparse: fa2::forward and both backward modes with the block mask, on the inputs (and device tensors)
+// of the dense runs, each checked against the fp64 reference with the same mask and timed next to its dense
+// row. A row's TFLOP/s counts the FLOPs of the visible pairs alone (formulas.hpp): the rate of work done.
+bool run_block_sparse(const fa::Options& opts, const Flags& f, const fa::Problem& p, const fa::HostTensors& in,
+                      const fa::BlockMask& mask, fa::DeviceTensors& t, float* ws, const fa::ResultRow& dense_fwd,
+                      const std::vector<fa::ResultRow>& dense_bwd, std::vector<fa::ResultRow>& rows) {
+  const fa::DeviceBuffer<uint8_t> bits(mask.bits);
+  char density[32];
+  std::snprintf(density, sizeof density, "_s%.3f", mask.density());
+  bool ok = true;
+  auto fwd = [&] { fa2::forward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), bits.get()); };
+  fa::ErrorReport e = fa::run_and_check_forward("04 block-sparse forward (" + f.block_mask + ")", p, in, t, fwd, &mask);
+  ok = ok && e.ok();
+  fa::ResultRow r = fa::result_row("04", std::string("bsparse_fwd") + density, "fwd", p);
+  r.model_hbm_bytes = hbm_bytes_fa2_forward(p, &mask), r.max_abs_err = e.max_abs;
+  if (opts.iters > 0) {
+    r = fa::time_kernel(opts, r, fwd);
+    r.tflops = fa::tflops(fa::flops_forward(p, &mask), r.ms);
+    rows.push_back(r);
+    fa::print_speedup(r, dense_fwd);
+  }
+  for (int mi = 0; f.backward && mi < 2; ++mi) {
+    auto bwd = [&] {
+      fa2::backward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), t.dout.get(), t.dq.get(), t.dk.get(),
+                    t.dv.get(), kModes[mi], ws, bits.get());
+    };
+    e = fa::run_and_check_backward(std::string("04 block-sparse backward ") + kModeNames[mi], p, in, t, bwd, &mask);
+    ok = ok && e.ok();
+    r = fa::result_row("04", std::string("bsparse_") + (mi == 0 ? "atomic_dq" : "determ_dq") + density, "bwd", p);
+    r.model_hbm_bytes = hbm_bytes_fa2_backward(p, kModes[mi], &mask), r.max_abs_err = e.max_abs;
+    r.extra_bytes = double(fa2::backward_workspace_bytes(p));
+    if (opts.iters > 0) {
+      r = fa::time_kernel(opts, r, bwd);
+      r.tflops = fa::tflops(fa::flops_backward(p, &mask), r.ms);
+      rows.push_back(r);
+      fa::print_speedup(r, dense_bwd[mi]);
+    }
+  }
+  return ok;
+}
+
 // Steps 3-5 for one problem: memory, then each selected forward step run, checked and timed, the
-// backward in both dQ modes, then chapters 02 and 03 on the same inputs.
+// backward in both dQ modes, the block-sparse runs (with a mask), then chapters 02 and 03 on the same inputs.
 bool run_problem(const fa::Options& opts, const Flags& f, const std::vector<fa2::ForwardStep>& steps,
-                 const fa::Problem& p, const fa::HostTensors& in, std::vector<fa::ResultRow>& rows) {
+                 const fa::Problem& p, const fa::BlockMask* mask, const fa::HostTensors& in,
+                 std::vector<fa::ResultRow>& rows) {
   const double ws_bytes = f.backward ? double(fa2::backward_workspace_bytes(p)) : 0.0;
   const double lm_bytes = f.no_previous ? 0.0 : 2.0 * 4 * p.lse_elems();  // 02's l and m
   fa::require_device_memory(fa::device_io_bytes(p, f.backward) + ws_bytes + lm_bytes,
@@ -86,22 +136,22 @@ bool run_problem(const fa::Options& opts, const Flags& f, const std::vector<fa2:
   if (opts.iters > 0) rows.insert(rows.end(), step_rows.begin(), step_rows.end());
 
   // The backward in both dQ modes, from the last step's O and LSE.
-  const fa2::DqMode modes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
-  const char* mode_names[] = {"fa2_atomic_dq", "fa2_determ_dq"};
   std::vector<fa::ResultRow> bwd_rows;
   for (int mi = 0; f.backward && mi < 2; ++mi) {
     auto run = [&] {
       fa2::backward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), t.dout.get(), t.dq.get(), t.dk.get(),
-                    t.dv.get(), modes[mi], ws.get());
+                    t.dv.get(), kModes[mi], ws.get());
     };
-    const fa::ErrorReport e = fa::run_and_check_backward(std::string("04 backward ") + mode_names[mi], p, in, t, run);
+    const fa::ErrorReport e = fa::run_and_check_backward(std::string("04 backward ") + kModeNames[mi], p, in, t, run);
     ok = ok && e.ok();
-    fa::ResultRow r = fa::result_row("04", mode_names[mi], "bwd", p);
-    r.model_hbm_bytes = hbm_bytes_fa2_backward(p, modes[mi]), r.extra_bytes = ws_bytes, r.max_abs_err = e.max_abs;
+    fa::ResultRow r = fa::result_row("04", kModeNames[mi], "bwd", p);
+    r.model_hbm_bytes = hbm_bytes_fa2_backward(p, kModes[mi]), r.extra_bytes = ws_bytes, r.max_abs_err = e.max_abs;
     if (opts.iters > 0) rows.push_back(r = fa::time_kernel(opts, r, run));
     bwd_rows.push_back(r);
   }
-  fa::write_outputs(opts, p, t);  // the last forward step's, the deterministic dQ mode's
+  if (mask) ok = run_block_sparse(opts, f, p, in, *mask, t, ws.get(), step_rows.back(), bwd_rows, rows) && ok;
+  fa::write_outputs(opts, p, t);  // the last run's: block-sparse if a mask is given, else the last forward step's
+                                  // and the deterministic dQ mode's
   print_work_notes(p);
   if (f.no_previous) return ok;
 
@@ -143,6 +193,10 @@ int main(int argc, char** argv) try {
                "run N = 1024, 4096, 16384 x head_dim 64, 128 x causal off/on (ignores --q-len, --kv-len, --head-dim, "
                "--causal)");
   cli.add_flag("--no-previous", &f.no_previous, "do not run chapters 02/03 for comparison");
+  cli.add_option("--block-mask", &f.block_mask,
+                 "also run block-sparse (blocks of 128 queries x 64 keys), next to the dense kernels: local:W "
+                 "(keys within W of the diagonal), strided:S (every S-th key block + the diagonal), "
+                 "random:DENSITY[:SEED], or a uint8/bool .npy [Tr, Tc]");
   cli.extend_help("--head-dim", "this chapter: 16, 32, 64, 128");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
@@ -162,11 +216,17 @@ int main(int argc, char** argv) try {
         }
   }
   for (const fa::Problem& p : problems) fa2::check_supported(p);
+  std::vector<fa::BlockMask> masks;  // one per problem (its shape depends on the lengths)
+  for (const fa::Problem& p : problems)
+    if (!f.block_mask.empty()) masks.push_back(fa::block_mask_from_spec(f.block_mask, p));
   fa::check_outputs_writable(opts);
   // The inputs of a single problem are read now (a bad file stops here); the sweep makes each in turn.
   fa::HostTensors in = fa::load_inputs(opts, problems[0], f.backward);
   for (const fa::Problem& p : problems)
     std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), f.backward ? "forward + backward" : "forward");
+  if (!masks.empty())
+    std::printf("mask:    %s, %d x %d blocks of %d queries x %d keys, density %.3f\n", f.block_mask.c_str(),
+                masks[0].Tr, masks[0].Tc, fa::kMaskRows, fa::kMaskCols, masks[0].density());
 
   // 3. The GPU (none: exit 1).
   fa::require_gpu();
@@ -177,7 +237,8 @@ int main(int argc, char** argv) try {
   for (size_t i = 0; i < problems.size(); ++i) {
     if (f.sweep) std::printf("\n== %s\n", fa::describe(problems[i]).c_str());
     if (i > 0) in = fa::load_inputs(opts, problems[i], f.backward);
-    ok = run_problem(opts, f, steps, problems[i], in, rows) && ok;
+    if (f.sweep && !masks.empty()) std::printf("mask:    density %.3f\n", masks[i].density());
+    ok = run_problem(opts, f, steps, problems[i], masks.empty() ? nullptr : &masks[i], in, rows) && ok;
   }
 
   // 6. Print.

@@ -1,11 +1,14 @@
 // Chapter 04 model: FlashAttention-2 forward and backward in plain C++ (float, like the kernels), with the
 // kernels' loop order and block sizes, line numbers of the README's Algorithms 1 and 2 in the comments.
 // A "block" of the GPU grid is one iteration of an outer loop here. Tested against the fp64 reference on the CPU.
+// Block-sparse attention (README §6): every function takes an optional fa::BlockMask (nullptr = dense); the
+// tiles it masks are skipped exactly where the kernels skip them, and the counts below count only the rest.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "block_mask.hpp"
 #include "problem.hpp"
 
 namespace fa2_model {
@@ -18,10 +21,12 @@ inline int kv_rows_seen(const fa::Problem& p, int i0, int rows) {
   return p.visible_keys(std::min(i0 + rows, p.q_len) - 1);
 }
 inline int kv_end(const fa::Problem& p, int i0) { return kv_rows_seen(p, i0, Br); }
+// Does the block mask let the tile starting at query i0, key j0 through? (the kernels' fa::block_visible)
+inline bool tile_visible(const fa::BlockMask* mask, int i0, int j0) { return mask == nullptr || mask->visible(i0, j0); }
 
 // Forward (Algorithm 1): o [B,H,Nq,d], lse [B,H,Nq].
 inline void forward(const fa::Problem& p, const float* q, const float* k, const float* v, std::vector<float>& o,
-                    std::vector<float>& lse) {
+                    std::vector<float>& lse, const fa::BlockMask* mask = nullptr) {
   const int d = p.head_dim;
   const float scale = p.softmax_scale();
   o.assign(p.q_elems(), 0.f), lse.assign(p.lse_elems(), 0.f);
@@ -34,6 +39,7 @@ inline void forward(const fa::Problem& p, const float* q, const float* k, const 
         const int rows = std::min(Br, p.q_len - i0);
         std::vector<float> m(rows, -INFINITY), l(rows, 0.f), acc(size_t(rows) * d, 0.f);  // line 2
         for (int j0 = 0; j0 < kv_end(p, i0); j0 += Bc) {                                  // line 3
+          if (!tile_visible(mask, i0, j0)) continue;                                      // block-sparse: skipped
           const int cols = std::min(Bc, p.kv_len - j0);                                   // line 4
           for (int r = 0; r < rows; ++r) {
             const int i = i0 + r;
@@ -72,7 +78,7 @@ inline void forward(const fa::Problem& p, const float* q, const float* k, const 
 // dQ is accumulated the deterministic way (lines 13-16); the Atomic variant adds the same terms in another order.
 inline void backward(const fa::Problem& p, const float* q, const float* k, const float* v, const float* o,
                      const float* lse, const float* dout, std::vector<float>& dq, std::vector<float>& dk,
-                     std::vector<float>& dv) {
+                     std::vector<float>& dv, const fa::BlockMask* mask = nullptr) {
   const int d = p.head_dim;
   const float scale = p.softmax_scale();
   dq.assign(p.q_elems(), 0.f), dk.assign(p.kv_elems(), 0.f), dv.assign(p.kv_elems(), 0.f);
@@ -102,7 +108,8 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
         const int cols = std::min(Bc, p.kv_len - j0);
         std::vector<float> dK(size_t(cols) * d, 0.f), dV(size_t(cols) * d, 0.f);  // line 3
         for (int h = hk * p.group(); h < (hk + 1) * p.group(); ++h)              // line 4: heads of the group
-          for (int i = 0; i < p.q_len; ++i)                                       // lines 5-10
+          for (int i = 0; i < p.q_len; ++i) {                                     // lines 5-10
+            if (!tile_visible(mask, i, j0)) continue;                              // block-sparse: skipped
             for (int c = 0; c < cols; ++c) {
               float pd;
               const float dS = element(b, h, i, j0 + c, &pd);
@@ -111,6 +118,7 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
                 dK[size_t(c) * d + e] += dS * q[p.q_offset(b, h) + size_t(i) * d + e];
               }
             }
+          }
         for (int c = 0; c < cols; ++c)  // line 12
           for (int e = 0; e < d; ++e) {
             dk[p.kv_offset(b, hk) + size_t(j0 + c) * d + e] = scale * dK[size_t(c) * d + e];
@@ -123,6 +131,7 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
         const float* K = k + p.kv_offset(b, p.kv_head_of(h));
         std::vector<float> acc(d, 0.f);
         for (int j = 0; j < kv_end(p, i / Br * Br); ++j) {
+          if (!tile_visible(mask, i, j)) continue;
           float pd;
           const float dS = element(b, h, i, j, &pd);
           for (int e = 0; e < d; ++e) acc[e] += dS * K[size_t(j) * d + e];
@@ -131,30 +140,46 @@ inline void backward(const fa::Problem& p, const float* q, const float* k, const
       }
 }
 
+// K/V rows the Q block at i0 (of `rows` rows) streams: its tiles of Bc keys up to the causal end, less the
+// tiles the block mask masks.
+inline double kv_rows_streamed(const fa::Problem& p, int i0, int rows, const fa::BlockMask* mask) {
+  const int stop = kv_rows_seen(p, i0, rows);
+  double n = 0;
+  for (int j0 = 0; j0 < stop; j0 += Bc)
+    if (tile_visible(mask, i0, j0)) n += std::min(Bc, stop - j0);
+  return n;
+}
+// Query rows the K/V block at j0 reads in the backward's K/V kernel (Q tiles of Br_kv rows from the first
+// query that sees key j0, less the masked tiles).
+inline double q_rows_streamed(const fa::Problem& p, int j0, int Br_kv, const fa::BlockMask* mask) {
+  double n = 0;
+  for (int i0 = p.first_query_seeing(j0) / Br_kv * Br_kv; i0 < p.q_len; i0 += Br_kv)
+    if (tile_visible(mask, i0, j0)) n += std::min(Br_kv, p.q_len - i0);
+  return n;
+}
+
 // HBM traffic of the kernels, in bytes (fp32), for the result rows, as the code reads and writes.
 // Forward with Q blocks of Br rows: Q, O once, LSE once; every Q block streams the K/V rows it sees.
-inline double hbm_bytes_forward(const fa::Problem& p, int Br) {
+inline double hbm_bytes_forward(const fa::Problem& p, int Br, const fa::BlockMask* mask = nullptr) {
   double kv_rows = 0;  // per head
-  for (int i0 = 0; i0 < p.q_len; i0 += Br) kv_rows += kv_rows_seen(p, i0, Br);
+  for (int i0 = 0; i0 < p.q_len; i0 += Br) kv_rows += kv_rows_streamed(p, i0, Br, mask);
   const double per_head = 4.0 * (2.0 * p.q_len * p.head_dim + p.q_len + 2.0 * kv_rows * p.head_dim);
   return per_head * p.batch * p.heads;
 }
-// Backward: the D kernel (O, dO -> D); the K/V kernel with Br_kv x Bc tiles (K, V once; Q, dO, L, D once
+// Backward: the D kernel (O, dO -> D); the K/V kernel with Br_kv x Bc_kv tiles (K, V once; Q, dO, L, D once
 // per K/V block that sees them; dK, dV once); then either atomic dQ (read and written once per K/V block)
 // or the deterministic dQ kernel with Q blocks of Br_q rows (Q, dO, L, D read and dQ written once; K, V per
 // Q block).
-inline double hbm_bytes_backward(const fa::Problem& p, bool atomic_dq, int Br_kv, int Bc, int Br_q) {
+inline double hbm_bytes_backward(const fa::Problem& p, bool atomic_dq, int Br_kv, int Bc_kv, int Br_q,
+                                 const fa::BlockMask* mask = nullptr) {
   const double d = p.head_dim, heads = double(p.batch) * p.heads;
   double q_rows = 0;  // per head: query rows the K/V blocks read, summed over K/V blocks
-  for (int j0 = 0; j0 < p.kv_len; j0 += Bc) {
-    const int first = p.first_query_seeing(j0);
-    q_rows += std::max(0, p.q_len - first / Br_kv * Br_kv);
-  }
+  for (int j0 = 0; j0 < p.kv_len; j0 += Bc_kv) q_rows += q_rows_streamed(p, j0, Br_kv, mask);
   double bytes = 4.0 * heads * p.q_len * (2.0 * d + 1);                          // D = rowsum(dO o O)
   bytes += 4.0 * (4.0 * p.kv_elems() + heads * q_rows * (2.0 * d + 2));           // K/V kernel
   if (atomic_dq) return bytes + 4.0 * heads * q_rows * 2.0 * d;                   // dQ read-modify-write
   double kv_rows = 0;
-  for (int i0 = 0; i0 < p.q_len; i0 += Br_q) kv_rows += kv_rows_seen(p, i0, Br_q);
+  for (int i0 = 0; i0 < p.q_len; i0 += Br_q) kv_rows += kv_rows_streamed(p, i0, Br_q, mask);
   return bytes + 4.0 * heads * (p.q_len * (3.0 * d + 2) + 2.0 * kv_rows * d);
 }
 

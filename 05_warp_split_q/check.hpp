@@ -35,6 +35,7 @@ struct LowpCheck {
 // The fp64 reference and the plain same-dtype attention on the rows to check, computed once per problem and
 // then used for every step. q, k, v: the rounded inputs (as floats). Every row when the reference is cheap
 // (below `budget` multiply-adds), else 16-row bands at the start, middle and end of the first and last head.
+// With a block mask (block-sparse), both apply it.
 struct LowpReference {
   struct Piece {
     int b, h, i0, i1;
@@ -46,7 +47,8 @@ struct LowpReference {
 };
 
 inline LowpReference lowp_reference(fa::Dtype t, const fa::Problem& p, const std::vector<float>& q,
-                                    const std::vector<float>& k, const std::vector<float>& v, double budget = 2e9) {
+                                    const std::vector<float>& k, const std::vector<float>& v, double budget = 2e9,
+                                    const fa::BlockMask* mask = nullptr) {
   LowpReference r;
   if (2.0 * p.batch * p.heads * p.q_len * double(p.kv_len) * p.head_dim <= budget) {
     for (int b = 0; b < p.batch; ++b)
@@ -62,9 +64,10 @@ inline LowpReference lowp_reference(fa::Dtype t, const fa::Problem& p, const std
   for (const auto& c : r.pieces) {
     const int rows = c.i1 - c.i0;
     std::vector<double> ro(size_t(rows) * d), rl(rows);
-    fa::reference_forward_rows(p, c.b, c.h, c.i0, c.i1, q.data(), k.data(), v.data(), ro.data(), rl.data());
+    fa::reference_forward_rows(p, c.b, c.h, c.i0, c.i1, q.data(), k.data(), v.data(), ro.data(), rl.data(), nullptr,
+                               mask);
     std::vector<float> plain(size_t(rows) * d);
-    fa::plain_lowp_forward_rows(t, p, c.b, c.h, c.i0, c.i1, q.data(), k.data(), v.data(), plain.data());
+    fa::plain_lowp_forward_rows(t, p, c.b, c.h, c.i0, c.i1, q.data(), k.data(), v.data(), plain.data(), mask);
     for (size_t e = 0; e < plain.size(); ++e) r.plain_err = std::max(r.plain_err, std::fabs(plain[e] - ro[e]));
     r.o.push_back(std::move(ro)), r.lse.push_back(std::move(rl));
   }

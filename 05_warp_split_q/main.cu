@@ -6,6 +6,7 @@
 //   ./warp_split_q --in DIR --out DIR           your q/k/v.npy; writes o.npy (float16 for fp16 runs, float32
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
+//   ./warp_split_q --kernel v8_two_row_tiles --block-mask local:512 --q-len 16384   block-sparse step 8
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <algorithm>
 #include <cstdio>
@@ -28,6 +29,7 @@ namespace {
 
 struct Flags {
   std::string kernel = "all", dtype = "fp16", bwd_kernel = "all";
+  std::string block_mask;  // SPEC (common/block_mask.hpp), empty = dense only
   bool no_previous = false, backward = false;
 };
 
@@ -56,7 +58,8 @@ std::vector<float> widen(const std::vector<T>& x) {
 }
 
 template <class T>
-bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem& p, const fa::HostTensors& in) {
+bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem& p, const fa::HostTensors& in,
+         const fa::BlockMask* mask) {
   fa::DeviceBuffer<T> q(fa::to_dtype<T>(in.q)), k(fa::to_dtype<T>(in.k)), v(fa::to_dtype<T>(in.v)), o(p.q_elems());
   fa::DeviceBuffer<float> lse(p.lse_elems());
 
@@ -99,6 +102,38 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
     if (!rows.empty()) fa::print_speedup(r, rows.back());
     rows.push_back(r);
   }
+  // Block-sparse (--block-mask): step 8 with the mask, checked against the fp64 reference and the plain
+  // same-dtype attention with the same mask, and against 04's block-sparse forward (fp32, same rounded inputs);
+  // timed next to the dense step 8 if it ran. TFLOP/s counts the visible pairs' FLOPs alone.
+  if (mask) {
+    const fa::DeviceBuffer<uint8_t> bits(mask->bits);
+    auto go = [&] { wsq::forward_block_sparse<T>(p, q.get(), k.get(), v.get(), o.get(), lse.get(), bits.get()); };
+    const wsq::LowpReference ref_bs = wsq::lowp_reference(t, p, in.q, in.k, in.v, 2e9, mask);
+    o.poison(), lse.poison();
+    go();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> o_f = widen(o.download()), lse_f = lse.download();
+    const wsq::LowpCheck c = wsq::check_lowp_forward(p, ref_bs, o_f, lse_f);
+    std::printf("check:   block-sparse %s: %s\n", ref_bs.what.c_str(), c.summary().c_str());
+    o32.poison(), lse32.poison();
+    fa2::forward(p, q32.get(), k32.get(), v32.get(), o32.get(), lse32.get(), bits.get());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    fa::ErrorReport chain = fa::compare(o_f, fa::to_double(o32.download()), {c.bound + fa::kTolFp32Forward.atol, 0});
+    chain += fa::compare(lse_f, fa::to_double(lse32.download()), wsq::kTolLse);
+    std::printf("chain:   block-sparse %s\n", chain.summary("O and LSE vs 04 block-sparse (fp32)").c_str());
+    ok = ok && c.ok() && chain.ok();
+    char name[48];
+    std::snprintf(name, sizeof name, "bsparse_v8_s%.3f", mask->density());
+    fa::ResultRow r = fa::result_row("05", name, "fwd", p);
+    r.dtype = fa::dtype_name(t), r.max_abs_err = c.o.max_abs;
+    if (opts.iters > 0) {
+      r = fa::time_kernel(opts, r, go);
+      r.tflops = fa::tflops(fa::flops_forward(p, mask), r.ms);
+      for (const fa::ResultRow& dense : rows)
+        if (dense.kernel == "v8_two_row_tiles") fa::print_speedup(r, dense);
+      rows.push_back(r);
+    }
+  }
   if (opts.iters > 0 && !f.no_previous) {
     fa::ResultRow r04 = fa::result_row("04", fa2_step.name, "fwd", p);  // model bytes: 04's own page counts them
     r04 = fa::time_kernel(opts, r04, fa2_run);
@@ -136,6 +171,9 @@ int main(int argc, char** argv) try {
                "also run, check and time the backward steps (both dQ modes) and 04's backward (BACKWARD.md)");
   cli.add_option("--bwd-kernel", &f.bwd_kernel,
                  "with --backward: all, or one step: bwd_v1_mma, bwd_v2_regs, bwd_v3_cp_async (default all)");
+  cli.add_option("--block-mask", &f.block_mask,
+                 "also run step 8 block-sparse (blocks of 128 queries x 64 keys), next to the dense steps: local:W, "
+                 "strided:S, random:DENSITY[:SEED], or a uint8/bool .npy [Tr, Tc] (04's README, section 6)");
   cli.extend_help("--head-dim", "this chapter: 64, 128");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
@@ -146,18 +184,24 @@ int main(int argc, char** argv) try {
   // 2. The problem, this chapter's limits, the inputs rounded to the dtype (bad input: exit 2).
   const fa::Problem p = fa::input_problem(opts, f.backward);
   wsq::check_supported(p);
+  fa::BlockMask mask;
+  if (!f.block_mask.empty()) mask = fa::block_mask_from_spec(f.block_mask, p);
   fa::check_outputs_writable(opts);
   fa::HostTensors in = fa::load_inputs(opts, p, f.backward);
   round_inputs(t, in);
   std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), f.backward ? "forward + backward" : "forward");
   std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
+  if (!f.block_mask.empty())
+    std::printf("mask:    %s, %d x %d blocks of %d queries x %d keys, density %.3f\n", f.block_mask.c_str(), mask.Tr,
+                mask.Tc, fa::kMaskRows, fa::kMaskCols, mask.density());
 
   // 3. The GPU (none: exit 1), and room on it.
   fa::require_gpu();
   fa::require_device_memory(device_bytes(p, f.backward), "inputs and outputs of chapters 05 and 04");
 
   // 4-6. Run, check, time and print the forward steps, then the backward steps (bwd_program.cuh).
-  bool ok = t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, p, in) : run<fa::bfloat16_t>(opts, f, t, p, in);
+  const fa::BlockMask* m = f.block_mask.empty() ? nullptr : &mask;
+  bool ok = t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, p, in, m) : run<fa::bfloat16_t>(opts, f, t, p, in, m);
   if (f.backward) {
     std::vector<fa::ResultRow> rows;
     ok = wsq::run_backward_section(opts, t, p, in, f.bwd_kernel, rows) && ok;

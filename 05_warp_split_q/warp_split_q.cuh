@@ -6,6 +6,7 @@
 // zero-filled), a row that sees no key gives O = 0 and LSE = -inf.
 // Supported: head_dim 64 and 128; no dropout (README says why). Pointers from cudaMalloc (16-byte aligned).
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "dtype.hpp"
@@ -30,6 +31,13 @@ const Step& find_step(const std::string& name);
 
 // Throws fa::UsageError naming what is supported: head_dim 64 or 128, no dropout, grid limits.
 void check_supported(const fa::Problem& p);
+
+// Block-sparse attention with step 8's kernel: `block_mask` is a device copy of a fa::BlockMask's bits for p's
+// lengths (common/block_mask.hpp; nullptr = dense); the K/V tiles it masks are never loaded. Same contract as the
+// steps otherwise, with the element mask (block bit) AND (causal test if p.causal).
+template <class T>
+void forward_block_sparse(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse,
+                          const uint8_t* block_mask);
 
 // A step's function for dtype T (T = fa::half_t or fa::bfloat16_t).
 template <class T>

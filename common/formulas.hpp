@@ -5,8 +5,10 @@
 //   minimal HBM bytes: every input read once, every output written once (the floor any kernel pays)
 //   standard attention additionally writes and reads the Nq x Nk matrices S and P.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
+#include "block_mask.hpp"
 #include "problem.hpp"
 
 namespace fa {
@@ -21,6 +23,22 @@ inline double flops_forward(const Problem& p) {
   return 4.0 * p.batch * p.heads * p.head_dim * visible_pairs(p);
 }
 inline double flops_backward(const Problem& p) { return 2.5 * flops_forward(p); }
+// Block-sparse attention (block_mask.hpp): the pairs that pass the causal (or length) test AND the block mask,
+// per head, counted per mask block; a density s of a dense problem costs s of its FLOPs.
+inline double visible_pairs(const Problem& p, const BlockMask* mask) {
+  if (mask == nullptr) return visible_pairs(p);
+  double n = 0;
+  for (int i = 0; i < p.q_len; ++i) {
+    const int keys = p.visible_keys(i);
+    for (int j0 = 0; j0 < keys; j0 += kMaskCols)
+      if (mask->visible(i, j0)) n += std::min(kMaskCols, keys - j0);
+  }
+  return n;
+}
+inline double flops_forward(const Problem& p, const BlockMask* mask) {
+  return 4.0 * p.batch * p.heads * p.head_dim * visible_pairs(p, mask);
+}
+inline double flops_backward(const Problem& p, const BlockMask* mask) { return 2.5 * flops_forward(p, mask); }
 
 // Bytes of the tensors themselves, at `elem` bytes per element (LSE is always fp32).
 inline double hbm_bytes_min_forward(const Problem& p, int elem = 4) {

@@ -16,11 +16,13 @@
 // output itself is stored in the dtype, so no kernel can beat half of that on an O of magnitude ~1, and a
 // plain error that happens to be tiny on a small problem must not make the rule impossible.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "block_mask.hpp"
 #include "dtype.hpp"
 #include "problem.hpp"
 
@@ -59,8 +61,9 @@ inline double lowp_error_bound(Dtype t, double plain_max_abs_err) { return 2.0 *
 // Plain same-dtype attention for query rows [i0, i1) of head (b, h), rounding as described above.
 // q, k, v hold dtype values (already rounded, widened to float). o: [i1 - i0, head_dim], widened from the
 // dtype. Masked keys are left out; a row that sees no key gives O = 0. No dropout (chapters 05/06 have none).
+// mask: a block mask (block_mask.hpp) whose masked keys are left out too; nullptr = none.
 inline void plain_lowp_forward_rows(Dtype t, const Problem& p, int b, int h, int i0, int i1, const float* q,
-                                    const float* k, const float* v, float* o) {
+                                    const float* k, const float* v, float* o, const BlockMask* mask = nullptr) {
   const int d = p.head_dim, Nk = p.kv_len;
   const float scale = p.softmax_scale();
   const float* Q = q + p.q_offset(b, h);
@@ -69,15 +72,20 @@ inline void plain_lowp_forward_rows(Dtype t, const Problem& p, int b, int h, int
   std::vector<float> S(Nk), P(Nk);
   for (int i = i0; i < i1; ++i) {
     const int n = p.visible_keys(i);
+    auto on = [&](int j) { return mask == nullptr || mask->visible(i, j); };
     float m = -std::numeric_limits<float>::infinity();
     for (int j = 0; j < n; ++j) {
       float s = 0.f;  // fp32 accumulation, as tensor cores do
       for (int c = 0; c < d; ++c) s += Q[size_t(i) * d + c] * K[size_t(j) * d + c];
-      S[j] = round_to(t, s * scale);  // S stored in the dtype
+      S[j] = on(j) ? round_to(t, s * scale) : -std::numeric_limits<float>::infinity();  // S stored in the dtype
       m = std::max(m, S[j]);
     }
+    if (m == -std::numeric_limits<float>::infinity()) {  // no key seen: O = 0
+      std::fill(o + size_t(i - i0) * d, o + size_t(i - i0 + 1) * d, 0.f);
+      continue;
+    }
     float l = 0.f;
-    for (int j = 0; j < n; ++j) l += (P[j] = std::exp(S[j] - m));
+    for (int j = 0; j < n; ++j) l += (P[j] = on(j) ? std::exp(S[j] - m) : 0.f);
     for (int j = 0; j < n; ++j) P[j] = round_to(t, P[j] / l);  // P stored in the dtype
     for (int c = 0; c < d; ++c) {
       float acc = 0.f;

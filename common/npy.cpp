@@ -86,8 +86,13 @@ void npy_write(const std::string& path, const std::vector<size_t>& shape, const 
 void npy_write(const std::string& path, const std::vector<size_t>& shape, const half_t* data) {
   write_impl(path, "<f2", shape, data);
 }
+void npy_write(const std::string& path, const std::vector<size_t>& shape, const uint8_t* data) {
+  write_impl(path, "|u1", shape, data);
+}
 
-NpyHeader npy_read_header(const std::string& path) {
+namespace {
+// The header of `path`, its dtype one of float32/float16 (floats) or uint8/bool (a block mask).
+NpyHeader read_header(const std::string& path, bool bytes) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UsageError("cannot open " + path + " (missing or unreadable)");
   unsigned char pre[8];
@@ -112,7 +117,11 @@ NpyHeader npy_read_header(const std::string& path) {
   NpyHeader h;
   const std::string descr = field(header, "descr", path);
   const std::string dtype = descr.substr(0, descr.find(','));
-  if (dtype.find("'<f4'") != std::string::npos)
+  if (bytes && (dtype.find("'|u1'") != std::string::npos || dtype.find("'|b1'") != std::string::npos))
+    h.elem_bytes = 1;
+  else if (bytes)
+    throw UsageError(path + ": dtype must be uint8 ('|u1') or bool ('|b1'), header says" + dtype);
+  else if (dtype.find("'<f4'") != std::string::npos)
     h.elem_bytes = 4;
   else if (dtype.find("'<f2'") != std::string::npos)
     h.elem_bytes = 2;
@@ -133,6 +142,21 @@ NpyHeader npy_read_header(const std::string& path) {
     throw UsageError(path + ": shape " + shape_str(h.shape) + " needs " + std::to_string((unsigned long long)want) +
                      " bytes of data, the file holds " + std::to_string(have));
   return h;
+}
+}  // namespace
+
+NpyHeader npy_read_header(const std::string& path) { return read_header(path, false); }
+
+NpyBytes npy_read_bytes(const std::string& path) {
+  const NpyHeader h = read_header(path, true);
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(std::streamoff(h.data_offset));
+  NpyBytes a;
+  a.shape = h.shape;
+  a.data.resize(h.elems());
+  f.read(reinterpret_cast<char*>(a.data.data()), std::streamsize(a.data.size()));
+  if (!f) throw UsageError(path + ": read error");
+  return a;
 }
 
 NpyArray npy_read(const std::string& path) {

@@ -97,7 +97,8 @@ void write_backward_outputs(const std::string& dir, const Problem& p, const std:
 }
 
 ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::vector<float>& o,
-                          const std::vector<float>& lse, Tolerance tol, std::string* what_checked) {
+                          const std::vector<float>& lse, Tolerance tol, std::string* what_checked,
+                          const BlockMask* mask) {
   const double per_row = double(p.kv_len) * p.head_dim * 2;
   const double all = per_row * p.q_len * p.batch * p.heads;
   std::vector<Piece> pieces;
@@ -114,7 +115,8 @@ ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::ve
   for (const Piece& c : pieces) {
     const int rows = c.i1 - c.i0;
     std::vector<double> ro(size_t(rows) * d), rl(rows);
-    reference_forward_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), ro.data(), rl.data());
+    reference_forward_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), ro.data(), rl.data(), nullptr,
+                           mask);
     total += compare(o.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * d, ro.data(), ro.size(), tol);
     total += compare(lse.data() + p.lse_offset(c.b, c.h) + c.i0, rl.data(), rl.size(), kTolLse);
   }
@@ -123,7 +125,7 @@ ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::ve
 
 ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::vector<float>& dq,
                            const std::vector<float>& dk, const std::vector<float>& dv, Tolerance tol,
-                           std::string* what_checked) {
+                           std::string* what_checked, const BlockMask* mask) {
   const double per_group = double(p.q_len) * p.kv_len * p.head_dim * 4 * p.group();
   std::vector<std::pair<int, int>> groups = {{0, 0}};
   if (p.batch * p.kv_heads > 1) groups.push_back({p.batch - 1, p.kv_heads - 1});
@@ -133,7 +135,7 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
     ErrorReport total;
     for (const Piece& c : pieces) {
       std::vector<double> rq(size_t(c.i1 - c.i0) * p.head_dim);
-      reference_dq_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq.data());
+      reference_dq_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq.data(), mask);
       total += compare(dq.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * p.head_dim, rq.data(), rq.size(), tol);
     }
     *what_checked = "dQ of " + describe_sample(pieces) +
@@ -146,7 +148,7 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
   for (auto [b, hk] : groups) {
     std::vector<double> rq(dq_n), rk(kv_n), rv(kv_n);
     reference_backward_group(p, b, hk, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq.data(), rk.data(),
-                             rv.data());
+                             rv.data(), mask);
     total += compare(dq.data() + p.q_offset(b, hk * p.group()), rq.data(), dq_n, tol);
     total += compare(dk.data() + p.kv_offset(b, hk), rk.data(), kv_n, tol);
     total += compare(dv.data() + p.kv_offset(b, hk), rv.data(), kv_n, tol);

@@ -39,29 +39,29 @@ inline double device_io_bytes(const Problem& p, bool backward) {
   return 4.0 * (fwd + (backward ? 2.0 * p.q_elems() + 2.0 * p.kv_elems() : 0.0));  // + dO, dQ, dK, dV
 }
 
-// Poisons t's forward outputs, runs `run` once, and checks O and LSE against the fp64 reference;
-// prints "check:   <label>, <what was checked>: <errors>".
+// Poisons t's forward outputs, runs `run` once, and checks O and LSE against the fp64 reference (with the
+// block mask `mask`, if given, for a block-sparse run); prints "check:   <label>, <what was checked>: <errors>".
 template <class Fn>
 ErrorReport run_and_check_forward(const std::string& label, const Problem& p, const HostTensors& in, DeviceTensors& t,
-                                  Fn&& run) {
+                                  Fn&& run, const BlockMask* mask = nullptr) {
   t.o.poison(), t.lse.poison();
   run();
   CUDA_CHECK(cudaDeviceSynchronize());
   std::string what;
-  const ErrorReport e = check_forward(p, in, t.o.download(), t.lse.download(), kTolFp32Forward, &what);
+  const ErrorReport e = check_forward(p, in, t.o.download(), t.lse.download(), kTolFp32Forward, &what, mask);
   std::printf("check:   %s, %s: %s\n", label.c_str(), what.c_str(), e.summary("O and LSE vs fp64").c_str());
   return e;
 }
 // The same for a backward pass: dQ, dK, dV (run after a forward that left O and LSE in t).
 template <class Fn>
 ErrorReport run_and_check_backward(const std::string& label, const Problem& p, const HostTensors& in, DeviceTensors& t,
-                                   Fn&& run) {
+                                   Fn&& run, const BlockMask* mask = nullptr) {
   t.dq.poison(), t.dk.poison(), t.dv.poison();
   run();
   CUDA_CHECK(cudaDeviceSynchronize());
   std::string what;
   const ErrorReport e =
-      check_backward(p, in, t.dq.download(), t.dk.download(), t.dv.download(), kTolFp32Backward, &what);
+      check_backward(p, in, t.dq.download(), t.dk.download(), t.dv.download(), kTolFp32Backward, &what, mask);
   std::printf("check:   %s, %s: %s\n", label.c_str(), what.c_str(), e.summary("dQ, dK, dV vs fp64").c_str());
   return e;
 }

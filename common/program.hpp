@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "block_mask.hpp"
 #include "cli.hpp"
 #include "inputs.hpp"
 #include "metrics.hpp"
@@ -26,14 +27,15 @@ void write_backward_outputs(const std::string& dir, const Problem& p, const std:
 
 // Forward check against the fp64 reference: every row when the reference is cheap, otherwise
 // sampled rows (first, middle, last) of the first and last head. o and lse are the whole outputs.
-// O uses `tol`, LSE kTolLse (testing.hpp).
+// O uses `tol`, LSE kTolLse (testing.hpp). `mask`: a block-sparse run's mask (the reference applies it too).
 ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::vector<float>& o,
-                          const std::vector<float>& lse, Tolerance tol, std::string* what_checked);
+                          const std::vector<float>& lse, Tolerance tol, std::string* what_checked,
+                          const BlockMask* mask = nullptr);
 // Backward check of dQ, dK, dV of the first and last kv group; where that would take the fp64
 // reference too long, of dQ on the sampled rows of check_forward alone (what_checked says which).
 ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::vector<float>& dq,
                            const std::vector<float>& dk, const std::vector<float>& dv, Tolerance tol,
-                           std::string* what_checked);
+                           std::string* what_checked, const BlockMask* mask = nullptr);
 
 // Prints the rows as a table and appends them to opts.csv if given.
 void report_rows(const Options& opts, const std::vector<ResultRow>& rows);

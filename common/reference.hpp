@@ -4,10 +4,13 @@
 //   dV = P~^T dO,  dP = (dO V^T) o Z / (1-p),  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q
 // Inputs are the float values the kernels read (for fp16/bf16 kernels: the rounded inputs, widened).
 // Per-head entry points let a program validate a sample of heads of a large problem.
+// Block-sparse attention: every entry point takes an optional block mask (block_mask.hpp; nullptr = dense).
+// The element mask is then (block bit) AND (the causal test if p.causal); without one, nothing changes.
 #pragma once
 #include <cstddef>
 #include <vector>
 
+#include "block_mask.hpp"
 #include "problem.hpp"
 
 namespace fa {
@@ -17,32 +20,34 @@ namespace fa {
 // row has o = 0, lse = -inf. (A program checks a few rows of a large problem this way.)
 void reference_forward_rows(const Problem& p, int b, int h, int i0, int i1, const float* q,
                             const float* k, const float* v, double* o, double* lse,
-                            double* P = nullptr);
+                            double* P = nullptr, const BlockMask* mask = nullptr);
 
 // Forward for every head: o in Q's layout, lse [batch, heads, q_len].
 void reference_forward(const Problem& p, const float* q, const float* k, const float* v,
-                       std::vector<double>& o, std::vector<double>& lse);
+                       std::vector<double>& o, std::vector<double>& lse, const BlockMask* mask = nullptr);
 
 // Backward for kv group (b, hk): dq for its group() query heads ([group, q_len, head_dim]),
 // dk and dv for kv head hk ([kv_len, head_dim]) summed over the group.
 void reference_backward_group(const Problem& p, int b, int hk, const float* q, const float* k,
-                              const float* v, const float* dout, double* dq, double* dk, double* dv);
+                              const float* v, const float* dout, double* dq, double* dk, double* dv,
+                              const BlockMask* mask = nullptr);
 
 // dQ of query rows [i0, i1) of head (b, h) alone ([i1 - i0, head_dim]): each row of dQ needs only its
 // own row of P and dP, so a program can check a sample of rows of a problem too large for the group.
 void reference_dq_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
-                       const float* v, const float* dout, double* dq);
+                       const float* v, const float* dout, double* dq, const BlockMask* mask = nullptr);
 
 // dK and dV of key rows [j0, j1) of kv head (b, hk) alone ([j1 - j0, head_dim] each, summed over the
 // group): a key row needs every query row, so this costs a forward over the group's rows, without the
 // Nq x Nk buffers of reference_backward_group (tests check a sample of key rows of a large problem).
 void reference_dkdv_rows(const Problem& p, int b, int hk, int j0, int j1, const float* q, const float* k,
-                         const float* v, const float* dout, double* dk, double* dv);
+                         const float* v, const float* dout, double* dk, double* dv,
+                         const BlockMask* mask = nullptr);
 
 // Backward for every head: dq in Q's layout, dk and dv in K's layout.
 void reference_backward(const Problem& p, const float* q, const float* k, const float* v,
                         const float* dout, std::vector<double>& dq, std::vector<double>& dk,
-                        std::vector<double>& dv);
+                        std::vector<double>& dv, const BlockMask* mask = nullptr);
 
 // Row softmax of x [rows, cols] (no scale, no mask), the building block chapter 01 studies.
 void reference_softmax(const float* x, int rows, int cols, double* y);

@@ -75,6 +75,11 @@ add 04 "$B/04_fa2/fa2 --kernel all --batch 4 --heads 32 --backward"
 add 04 "$B/04_fa2/fa2 --sweep --backward --iters 5 --warmup 1"
 add 04 "$B/04_fa2/fa2 --batch 1 --heads 2 --q-len 16384 --no-previous"
 add 04 "$B/04_fa2/fa2 --heads 8 --kv-heads 2 --q-len 4096 --causal --backward --no-previous"
+# 04 block-sparse: a density sweep at N = 16384 (random masks and a sliding window), forward + backward, each
+# timed next to the dense kernels on the same inputs (04_fa2/README.md section 6)
+for spec in random:0.1 random:0.25 random:0.5 local:512; do
+  add 04 "$B/04_fa2/fa2 --batch 1 --heads 16 --q-len 16384 --head-dim 64 --block-mask $spec --backward --no-previous --iters 5 --warmup 1"
+done
 # PyTorch SDPA, fp32, the backend it picks: the outside baseline of 00-04 at the sweep's sizes
 add 04 "python3 scripts/torch_sdpa.py check $B"
 for d in 64 128; do

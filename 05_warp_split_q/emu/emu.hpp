@@ -284,6 +284,21 @@ void launch(Kernel<T> kernel, int Br, int threads, size_t smem_bytes, const fa::
       }
 }
 
+template <class Tc>
+using MaskedKernel = void (*)(fa::Problem, const Tc*, const Tc*, const Tc*, Tc*, float*, const uint8_t*);
+
+// launch.cuh's launch_masked: the same grid, a kernel that also takes a block mask.
+template <class T>
+void launch_masked(MaskedKernel<T> kernel, int Br, int threads, size_t smem_bytes, const fa::Problem& p, const T* q,
+                   const T* k, const T* v, T* o, float* lse, const uint8_t* block_mask) {
+  static MaskedKernel<T> mk;
+  static const uint8_t* mm;
+  static Kernel<T> adapter;
+  mk = kernel, mm = block_mask;
+  adapter = [](fa::Problem pp, const T* qq, const T* kp, const T* vv, T* oo, float* ll) { mk(pp, qq, kp, vv, oo, ll, mm); };
+  launch<T>(adapter, Br, threads, smem_bytes, p, q, k, v, o, lse);
+}
+
 }  // namespace
 
 }  // namespace wsq
