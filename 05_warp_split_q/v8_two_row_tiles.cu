@@ -10,8 +10,7 @@
 // Computes, for one Q block Q_i of Br rows (README, Algorithm 1):
 //   line 1   load Q_i into shared memory, then each warp reads its 32 rows as A fragments, once
 //   line 2   m_i = -inf, l_i = 0, O~_i = 0                        (registers of the warp that owns the rows)
-//   line 3   for each K/V block j (causal: only up to the last key the block's last row sees; block-sparse:
-//            only the blocks the block mask lets through, README "Block-sparse")
+//   line 3   for each K/V block j (causal: only up to the last key the block's last row sees)
 //   line 4     load K_j, V_j into shared memory (all warps read all of them: split-Q)
 //   line 5     S_ij = scale Q_i K_j^T                               mma.sync m16n8k16, fp32 accumulation
 //   line 6     m_new = max(m_i, rowmax S_ij), P_ij = exp(S_ij - m_new)  (masked entries are -inf -> P = 0)
@@ -22,10 +21,6 @@
 // tiles mi of 16 rows: tile mi holds rows 16 kM w + 16 mi + g and + g + 8 in lane (g, t).
 // Operands reach the tensor cores by ldmatrix (.trans for V); P never leaves the registers.
 // Shared memory: (Br + 4 Bc) d 16-bit values = 48 KiB (d = 64: 128 x 64), 64 KiB (d = 128: 128 x 32).
-// Block-sparse (kSparse, a block mask): the K/V loop runs over the visible tiles only, and the pipeline prefetches
-// the next *visible* tile, so a masked tile is never loaded; the buffer is chosen by the iteration, not the tile.
-// The dense step is the kSparse = false instantiation: it compiles to the kernel without the mask test.
-#include "block_mask.hpp"
 #include "launch.cuh"
 #include "ptx.cuh"
 #include "steps.hpp"
@@ -65,12 +60,11 @@ __device__ void load_tile_async(T* dst, const T* src, int row0, int n_rows) {
   }
 }
 
-template <class T, int D, int Br, int Bc, bool kSparse>
+template <class T, int D, int Br, int Bc>
 __global__ void __launch_bounds__(Br / (16 * kM) * 32, 1)
     kernel(fa::Problem p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-           float* __restrict__ lse, const uint8_t* __restrict__ block_mask) {
+           float* __restrict__ lse) {
   constexpr int kWarps = Br / (16 * kM), kThreads = 32 * kWarps;
-  static_assert(fa::kMaskRows % Br == 0 && fa::kMaskCols % Bc == 0, "a tile lies inside one block of the mask");
   constexpr int kStepsQK = D / 16;  // k-steps of S = Q K^T
   constexpr int kTilesS = Bc / 8;   // n-tiles of S (8 keys each)
   constexpr int kStepsPV = Bc / 16; // k-steps of O += P V
@@ -93,19 +87,10 @@ __global__ void __launch_bounds__(Br / (16 * kM) * 32, 1)
 
   const int kv_end = p.visible_keys(min(i0 + Br, p.q_len) - 1);  // causal: blocks past the diagonal skipped
   const int n_tiles = (kv_end + Bc - 1) / Bc;
-  // The first K/V tile at or after `tile` that the block mask lets through (n_tiles if none); the same for the
-  // whole block, so every thread takes the same path.
-  const int mask_cols = fa::mask_cols_of(p.kv_len);
-  auto next_visible = [&](int tile) {
-    if constexpr (kSparse)
-      while (tile < n_tiles && !fa::block_visible(block_mask, mask_cols, i0, tile * Bc)) ++tile;
-    return tile;
-  };
-  int tile = next_visible(0);
-  load_tile_async<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 1, and the first K/V tile into buffer 0
-  if (tile < n_tiles) {
-    load_tile_async<T, Bc, D, kThreads>(Ks, K, tile * Bc, p.kv_len);
-    load_tile_async<T, Bc, D, kThreads>(Vs, V, tile * Bc, p.kv_len);
+  load_tile_async<T, Br, D, kThreads>(Qs, Q, i0, p.q_len);  // line 1, and tile 0 of K and V into buffer 0
+  if (n_tiles > 0) {
+    load_tile_async<T, Bc, D, kThreads>(Ks, K, 0, p.kv_len);
+    load_tile_async<T, Bc, D, kThreads>(Vs, V, 0, p.kv_len);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -129,19 +114,18 @@ __global__ void __launch_bounds__(Br / (16 * kM) * 32, 1)
   for (int mi = 0; mi < kM; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
   const float scale_log2 = p.softmax_scale() * kLog2e;  // S in base-2 units
 
-  for (int it = 0; tile < n_tiles; ++it) {  // line 3: iteration it computes tile `tile` from buffer it % kStages
+  for (int tile = 0; tile < n_tiles; ++tile) {  // line 3
     const int j0 = tile * Bc;
-    const int next_tile = next_visible(tile + 1);
-    if (next_tile < n_tiles) {  // line 4 of the next tile, into the other buffer
-      const int next = (it + 1) % kStages;
-      load_tile_async<T, Bc, D, kThreads>(Ks + next * Bc * D, K, next_tile * Bc, p.kv_len);
-      load_tile_async<T, Bc, D, kThreads>(Vs + next * Bc * D, V, next_tile * Bc, p.kv_len);
+    if (tile + 1 < n_tiles) {  // line 4 of the next tile, into the other buffer
+      const int next = (tile + 1) % kStages;
+      load_tile_async<T, Bc, D, kThreads>(Ks + next * Bc * D, K, j0 + Bc, p.kv_len);
+      load_tile_async<T, Bc, D, kThreads>(Vs + next * Bc * D, V, j0 + Bc, p.kv_len);
     }
     cp_async_commit();   // possibly an empty group, so that the wait below always means "all but the newest"
     cp_async_wait<1>();  // this thread's copies of tile j have landed ...
     __syncthreads();     // ... and every other thread's too
-    const T* Ks_j = Ks + (it % kStages) * Bc * D;
-    const T* Vs_j = Vs + (it % kStages) * Bc * D;
+    const T* Ks_j = Ks + (tile % kStages) * Bc * D;
+    const T* Vs_j = Vs + (tile % kStages) * Bc * D;
 
     float s[kM][kTilesS][4] = {};  // line 5: each K fragment read once, used by both row tiles
     #pragma unroll
@@ -226,8 +210,7 @@ __global__ void __launch_bounds__(Br / (16 * kM) * 32, 1)
         }
       }
     }
-    __syncthreads();  // every warp is done with buffer it % 2 before it is refilled
-    tile = next_tile;
+    __syncthreads();  // every warp is done with buffer tile % 2 before it is refilled
   }
 
   #pragma unroll
@@ -248,30 +231,19 @@ __global__ void __launch_bounds__(Br / (16 * kM) * 32, 1)
 }
 
 template <class T, int D>
-void run(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse, const uint8_t* block_mask) {
+void run(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse) {
   using Tc = typename fa::CudaType<T>::type;
   constexpr int Br = Tiles<D>::Br, Bc = Tiles<D>::Bc;
   constexpr size_t smem = sizeof(Tc) * (Br + 2 * kStages * Bc) * D;
-  if (block_mask) launch_masked<T>(kernel<Tc, D, Br, Bc, true>, Br, Br / (16 * kM) * 32, smem, p, q, k, v, o, lse, block_mask);
-  else launch_masked<T>(kernel<Tc, D, Br, Bc, false>, Br, Br / (16 * kM) * 32, smem, p, q, k, v, o, lse, nullptr);
+  launch<T>(kernel<Tc, D, Br, Bc>, Br, Br / (16 * kM) * 32, smem, p, q, k, v, o, lse);
 }
 
 }  // namespace
 
 template <class T>
-void forward_block_sparse(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse,
-                          const uint8_t* block_mask) {
-  if (p.head_dim == 64) run<T, 64>(p, q, k, v, o, lse, block_mask);
-  else run<T, 128>(p, q, k, v, o, lse, block_mask);
-}
-template void forward_block_sparse<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*,
-                                               const fa::half_t*, fa::half_t*, float*, const uint8_t*);
-template void forward_block_sparse<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,
-                                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*, const uint8_t*);
-
-template <class T>
 void forward_v8_two_row_tiles(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse) {
-  forward_block_sparse<T>(p, q, k, v, o, lse, nullptr);
+  if (p.head_dim == 64) run<T, 64>(p, q, k, v, o, lse);
+  else run<T, 128>(p, q, k, v, o, lse);
 }
 WSQ_INSTANTIATE(forward_v8_two_row_tiles)
 
