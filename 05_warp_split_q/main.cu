@@ -2,7 +2,7 @@
 // checked against the fp64 reference with the low-precision error rule and against chapter 04 (fp32, on the
 // same rounded inputs), then timed next to chapter 04 in the same run.
 //   ./warp_split_q                              B=4 H=16 N=4096 d=64 fp16, every step, then 04
-//   ./warp_split_q --kernel v7_tiles --dtype bf16 --causal --head-dim 128
+//   ./warp_split_q --kernel v8_two_row_tiles --dtype bf16 --causal --head-dim 128
 //   ./warp_split_q --in DIR --out DIR           your q/k/v.npy; writes o.npy (float16 for fp16 runs, float32
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)

@@ -24,7 +24,8 @@ struct Step {
   ForwardFn<fa::bfloat16_t> bf16;
 };
 
-// Split-K first (Part A), then the split-Q ladder v1 .. v7; the last is the fastest.
+// Split-K first (Part A), then the split-Q ladder v1 .. v8; the last is the fastest (except at d = 128 causal,
+// where v6 measured a few percent faster: README section 4).
 const std::vector<Step>& forward_steps();
 // The step called `name`; fa::UsageError listing the names if there is none.
 const Step& find_step(const std::string& name);
