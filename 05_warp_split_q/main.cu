@@ -3,6 +3,7 @@
 // same rounded inputs), then timed next to chapter 04 in the same run.
 //   ./warp_split_q                              B=4 H=16 N=4096 d=64 fp16, every step, then 04
 //   ./warp_split_q --kernel v8_two_row_tiles --dtype bf16 --causal --head-dim 128
+//   ./warp_split_q --kernel v8_two_row_tiles,v10_pingpong   several steps (v9, v10 exist on sm_90 GPUs only)
 //   ./warp_split_q --in DIR --out DIR           your q/k/v.npy; writes o.npy (float16 for fp16 runs, float32
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
@@ -164,7 +165,9 @@ int main(int argc, char** argv) try {
               "timed next to 04. --out writes the last step's o.npy as float16 for fp16 runs and as float32 for bf16 "
               "runs (NumPy has no bf16; the values are the bf16 outputs, exactly widened).",
               defaults());
-  cli.add_option("--kernel", &f.kernel, "all, or one step: " + fa::step_names(wsq::forward_steps()) + " (default all)");
+  cli.add_option("--kernel", &f.kernel,
+                 "all, or steps separated by commas: " + fa::step_names(wsq::forward_steps()) +
+                     " (v9_wgmma_tma and v10_pingpong are listed on an sm_90 GPU only; default all)");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16: inputs are rounded to it on load (default fp16)");
   cli.add_flag("--no-previous", &f.no_previous, "do not time chapter 04 for comparison");
   cli.add_flag("--backward", &f.backward,

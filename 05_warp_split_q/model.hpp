@@ -4,6 +4,8 @@
 //   - the online softmax of FA2 (README, Algorithm 1) per K/V tile of Bc keys, up to kv_end (block skipping);
 //   - P rounded to the dtype for the P V product, l summed from the unrounded fp32 P, O rounded at the end;
 //   - base e (steps 1-5) or base 2 with scale*log2(e) folded (steps 6-7);
+//   - the P V product of tile j either right after its softmax (steps 1-9) or deferred to tile j + 1 and added
+//     before that tile's rescale (step 10's software pipeline: O~ = alpha_{j+1} (O~ + P_j V_j));
 //   - split-Q (each row's statistics in one place) or split-K (the tile's keys cut into slices of 16, one
 //     per warp: the partial maxima combined per tile, a partial l per slice added at the end, O~ the sum of
 //     the slices' products), the two partitions of Part A.
@@ -24,6 +26,7 @@ struct Config {
   Partition partition = Partition::split_q;
   bool base2 = false;         // step 6 onwards
   int slice = 16;             // split-K: keys per warp
+  bool deferred_pv = false;   // step 10: P_j V_j added in the next iteration, before its rescale
 };
 
 // The last key any row of the Q block [i0, i0 + Br) sees, plus one: the K/V loop stops there (causal).
@@ -65,7 +68,7 @@ inline void forward(fa::Dtype t, const fa::Problem& p, const Config& cfg, const 
         const int end = kv_end(p, i0, Br);
         for (int i = i0; i < std::min(i0 + Br, p.q_len); ++i) {
           float m = -INFINITY;
-          std::vector<float> l(slices, 0.f), acc(d, 0.f), s(Bc);
+          std::vector<float> l(slices, 0.f), acc(d, 0.f), pending(d, 0.f), s(Bc);
           for (int j0 = 0; j0 < end; j0 += Bc) {
             for (int c = 0; c < Bc; ++c) {  // S row, fp32 accumulation, masked (tail keys too)
               const int j = j0 + c;
@@ -79,6 +82,10 @@ inline void forward(fa::Dtype t, const fa::Problem& p, const Config& cfg, const 
               for (int c = w * width; c < (w + 1) * width; ++c) m_new = std::max(m_new, s[c]);
             const float use = m_new == -INFINITY ? 0.f : m_new;
             const float alpha = ex(m - use);
+            if (cfg.deferred_pv) {  // the previous tile's P V lands now, then the rescale of this tile
+              for (int e = 0; e < d; ++e) acc[e] += pending[e];
+              std::fill(pending.begin(), pending.end(), 0.f);
+            }
             for (float& a : acc) a *= alpha;
             for (int w = 0; w < slices; ++w) {
               float sum = 0.f;
@@ -92,10 +99,11 @@ inline void forward(fa::Dtype t, const fa::Problem& p, const Config& cfg, const 
                   for (int e = 0; e < d; ++e) part[e] += pr * V[size_t(j) * d + e];
               }
               l[w] = alpha * l[w] + sum;
-              for (int e = 0; e < d; ++e) acc[e] += part[e];
+              for (int e = 0; e < d; ++e) (cfg.deferred_pv ? pending : acc)[e] += part[e];
             }
             m = m_new;
           }
+          for (int e = 0; e < d; ++e) acc[e] += pending[e];  // the last tile's deferred P V (zeros otherwise)
           float l_row = 0.f;
           for (float x : l) l_row += x;
           const float inv = l_row > 0.f ? 1.f / l_row : 0.f;

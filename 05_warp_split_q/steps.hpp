@@ -15,5 +15,7 @@ WSQ_DECLARE(forward_v5_regs_p)
 WSQ_DECLARE(forward_v6_exp2)
 WSQ_DECLARE(forward_v7_tiles)
 WSQ_DECLARE(forward_v8_two_row_tiles)
+WSQ_DECLARE(forward_v9_wgmma_tma)  // steps 9 and 10: sm_90a only (built when WSQ_HOPPER is defined)
+WSQ_DECLARE(forward_v10_pingpong)
 #undef WSQ_DECLARE
 }  // namespace wsq

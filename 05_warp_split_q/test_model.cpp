@@ -65,6 +65,18 @@ void check(Dtype t, const Problem& p, double stddev = 1.0) {
   // split-K vs split-Q: the same numbers up to the summation order (a few units of the dtype at most).
   const ErrorReport ek = compare(o[2], to_double(o[0]), {2 * lowp_floor(t), 0});
   CHECK_MESSAGE(ek.ok(), ek.summary("split-K model vs split-Q model"));
+  // Step 10's deferred P V (Br = Bc = 128, base 2): the same error rule, and the same numbers as step 9's order
+  // up to fp32 rounding (alpha (O + PV) instead of alpha O + PV), far below one unit of the dtype.
+  wsq_model::Config c9, c10;
+  c9.Br = c9.Bc = c10.Br = c10.Bc = 128, c9.base2 = c10.base2 = true, c10.deferred_pv = true;
+  std::vector<float> o9, o10, lse9, lse10;
+  wsq_model::forward(t, p, c9, in.q.data(), in.k.data(), in.v.data(), o9, lse9);
+  wsq_model::forward(t, p, c10, in.q.data(), in.k.data(), in.v.data(), o10, lse10);
+  const ErrorReport e10 = compare(o10, ro, {bound, 0});
+  CHECK_MESSAGE(e10.ok(), e10.summary("deferred-PV model O vs fp64"), " bound ", bound);
+  const ErrorReport d10 = compare(o10, to_double(o9), {2 * lowp_floor(t), 0});
+  CHECK_MESSAGE(d10.ok(), d10.summary("deferred-PV model vs in-order model"));
+  CHECK(lse10 == lse9);  // the statistics m, l are computed in the same order
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 #include <string>
 
 #include "steps.hpp"
+#if WSQ_HOPPER
+#include <cuda_runtime.h>
+#endif
 #include "warp_split_q.cuh"
 
 namespace wsq {
 
-const std::vector<Step>& forward_steps() {
-  static const std::vector<Step> steps = {
+// The steps every GPU of sm_80 or newer runs.
+static std::vector<Step> portable_steps() {
+  return {
       {"split_k", "Part A: warps split K_j/V_j; m, l, O~ combined through shared memory", forward_split_k<fa::half_t>,
        forward_split_k<fa::bfloat16_t>},
       {"v1_mma", "Part A/B: warps split Q_i; mma.sync m16n8k16, plain shared loads", forward_v1_mma<fa::half_t>,
@@ -27,6 +31,36 @@ const std::vector<Step>& forward_steps() {
       {"v8_two_row_tiles", "32 rows per warp: each K/V fragment read from shared memory feeds two mma",
        forward_v8_two_row_tiles<fa::half_t>, forward_v8_two_row_tiles<fa::bfloat16_t>},
   };
+}
+
+#if WSQ_HOPPER
+namespace {
+// Steps 9 and 10 run only on compute capability 9.0 (H100, H200): sm_90a code has no PTX fallback.
+bool hopper_gpu() {
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();  // no GPU: leave no error behind for the program's own check
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;
+}
+}  // namespace
+#endif
+
+const std::vector<Step>& forward_steps() {
+  static const std::vector<Step> steps = [] {
+    std::vector<Step> all = portable_steps();
+#if WSQ_HOPPER
+    if (hopper_gpu()) {
+      all.push_back({"v9_wgmma_tma", "Hopper: wgmma from shared memory, TMA copies, a producer warp + 2 consumer warpgroups",
+                     forward_v9_wgmma_tma<fa::half_t>, forward_v9_wgmma_tma<fa::bfloat16_t>});
+      all.push_back({"v10_pingpong", "Hopper: GEMMs of one warpgroup overlap the other's softmax (and its own next S)",
+                     forward_v10_pingpong<fa::half_t>, forward_v10_pingpong<fa::bfloat16_t>});
+    }
+#endif
+    return all;
+  }();
   return steps;
 }
 
@@ -36,7 +70,10 @@ const Step& find_step(const std::string& name) {
     if (name == s.name) return s;
     names += std::string(names.empty() ? "" : ", ") + s.name;
   }
-  throw fa::UsageError("--kernel must be all or one of " + names + " (got '" + name + "')");
+  std::string why;
+  if (name.rfind("v9", 0) == 0 || name.rfind("v10", 0) == 0)
+    why = " (steps 9 and 10 need a build with -DFA_HOPPER=ON, the default with nvcc >= 12.3, and an sm_90 GPU)";
+  throw fa::UsageError("--kernel must be all or one of " + names + " (got '" + name + "')" + why);
 }
 
 void check_supported(const fa::Problem& p) {

@@ -24,8 +24,8 @@ struct Step {
   ForwardFn<fa::bfloat16_t> bf16;
 };
 
-// Split-K first (Part A), then the split-Q ladder v1 .. v8; the last is the fastest (except at d = 128 causal,
-// where v6 measured a few percent faster: README section 4).
+// Split-K first (Part A), then the split-Q ladder v1 .. v8 (sm_80 and newer), then on an sm_90 GPU of a build with
+// FA_HOPPER the Hopper steps v9 and v10 (wgmma, TMA; README section 3).
 const std::vector<Step>& forward_steps();
 // The step called `name`; fa::UsageError listing the names if there is none.
 const Step& find_step(const std::string& name);

@@ -2,6 +2,7 @@
 //   parse (cli.hpp) -> inputs (inputs.hpp) -> outputs writable? -> [GPU: program.cuh] -> check
 //   against fp64 -> write .npy -> report rows -> verdict; and, in main's catch, the exit code.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -54,9 +55,18 @@ std::string step_names(const std::vector<Step>& steps) {
 template <class Step>
 std::vector<Step> select_steps(const std::vector<Step>& steps, const std::string& kernel) {
   if (kernel == "all") return steps;
-  for (const Step& s : steps)
-    if (s.name == kernel) return {s};
-  throw UsageError("--kernel " + kernel + ": no such step (one of " + step_names(steps) + ", or all)");
+  std::vector<Step> chosen;  // "a,b": several steps, in the order given
+  for (size_t start = 0; start <= kernel.size();) {
+    const size_t end = std::min(kernel.find(',', start), kernel.size());
+    const std::string name = kernel.substr(start, end - start);
+    bool found = false;
+    for (const Step& s : steps)
+      if (s.name == name) chosen.push_back(s), found = true;
+    if (!found)
+      throw UsageError("--kernel " + name + ": no such step (one of " + step_names(steps) + ", a comma-separated list, or all)");
+    start = end + 1;
+  }
+  return chosen;
 }
 
 // Prints PASSED or FAILED and returns main's exit code (0 or 1).

@@ -78,6 +78,8 @@ LABELS = {
     ("05", "v6_exp2"): "05 v6 + exp2, scale folded",
     ("05", "v7_tiles"): "05 v7 + tiles per head_dim",
     ("05", "v8_two_row_tiles"): "05 v8 + two row tiles per warp",
+    ("05", "v9_wgmma_tma"): "05 v9 Hopper: wgmma + TMA + producer warpgroup",
+    ("05", "v10_pingpong"): "05 v10 + ping-pong and softmax/GEMM overlap",
     ("06", "fa2_grid"): "06 FA2's grid (no split)",
     ("06", "split_kv"): "06 split-KV",
     ("06", "split_kv_gqa"): "06 split-KV, GQA heads packed",

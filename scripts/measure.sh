@@ -3,14 +3,15 @@
 # reports, with PyTorch SDPA as the outside baseline, all in one CSV in the project's row format.
 # Run it on a GPU machine after building (see README.md):
 #   scripts/measure.sh [--chapters LIST] [BUILD_DIR] [CSV]   default: all, build, docs/results/<gpu>.csv
-#   LIST: chapters to measure, e.g. 05,06 (00 01 02 03 04 05 06; 04 includes the fp32 PyTorch rows)
+#   LIST: chapters to measure, e.g. 05,06 (00 01 02 03 04 05 06; 04 includes the fp32 PyTorch rows; 05fwd: 05's
+#         last steps, forward only, next to PyTorch's flash and cuDNN)
 # Each command is echoed before it runs, so a README can quote it, with a progress line (step k/N).
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
 # All chapters take about 25 minutes on an H100 (00-04 about 8, 05 about 14, 06 about 3).
 set -uo pipefail
-usage() { sed -n '2,12s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,13s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=00,01,02,03,04,05,06
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
@@ -21,7 +22,7 @@ case "${1:-}" in
   -*) echo "measure.sh: unknown option '$1'; see --help" >&2; exit 2 ;;
 esac
 for c in ${CHAPTERS//,/ }; do
-  [[ $c =~ ^0[0-6]$ ]] || { echo "measure.sh: --chapters: '$c' is not one of 00 .. 06" >&2; exit 2; }
+  [[ $c =~ ^(0[0-6]|05fwd)$ ]] || { echo "measure.sh: --chapters: '$c' is not one of 00 .. 06, 05fwd" >&2; exit 2; }
 done
 [ $# -le 2 ] || { echo "measure.sh: at most two arguments (BUILD_DIR, CSV); see --help" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
 fi
 for prog in 00_naive/naive 01_online_softmax/online_softmax 02_fa1_forward/fa1_forward 03_fa1_backward/fa1_backward \
             04_fa2/fa2 05_warp_split_q/warp_split_q 06_flash_decoding/flash_decoding; do
-  [[ ",$CHAPTERS," == *",${prog:0:2},"* ]] || continue
+  [[ ",${CHAPTERS//05fwd/05}," == *",${prog:0:2},"* ]] || continue
   [ -x "$B/$prog" ] || { echo "measure.sh: $B/$prog not found: build first (README, Quick start)" >&2; exit 1; }
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -47,6 +48,11 @@ trap 'mv "$TMP" "$CSV.partial"; echo "== measure: interrupted; the rows so far a
 
 have_torch=0
 python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && have_torch=1
+# The Hopper steps exist on an sm_90 GPU of a build with them (05_warp_split_q/README.md, section 3).
+HOPPER_STEPS=""
+if [[ ",$CHAPTERS," == *",05fwd,"* ]] && "$B/05_warp_split_q/warp_split_q" --help 2>/dev/null | grep -q "v9_wgmma_tma, v10_pingpong"; then
+  HOPPER_STEPS=",v9_wgmma_tma,v10_pingpong"
+fi
 steps=()
 # add CHAPTER COMMAND: queue COMMAND if CHAPTER was chosen (--chapters); "torch" steps need PyTorch with CUDA
 add() {
@@ -98,6 +104,18 @@ for d in 64 128; do
     done
     for backend in flash cudnn; do
       add 05 "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --backward --iters 10 --warmup 2"
+    done
+  done
+done
+# 05fwd: the forward alone, the ladder's last steps (v8; v9, v10 on an sm_90 GPU) next to FA2 and cuDNN on the same
+# shapes: the Hopper steps' table in a few minutes (05 above takes about 14).
+for d in 64 128; do
+  for c in "" " --causal"; do
+    for n in 512 1024 2048 4096 8192 16384; do
+      add 05fwd "$B/05_warp_split_q/warp_split_q --kernel v8_two_row_tiles$HOPPER_STEPS --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --no-previous --iters 10 --warmup 2"
+    done
+    for backend in flash cudnn; do
+      add 05fwd "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --iters 10 --warmup 2"
     done
   done
 done

@@ -1,0 +1,51 @@
+// Host side of steps 9 and 10: the TMA "tensor map" of a Q, K or V tensor. The map tells the copy engine the
+// tensor's shape and strides in global memory and the box one copy moves; the kernel then names a box by its
+// coordinates. The driver function that builds it (cuTensorMapEncodeTiled) is fetched through the runtime, so
+// the program needs no extra library at link time.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cuda_check.cuh"
+#include "lowp.cuh"
+
+namespace wsq::sm90 {
+
+constexpr int kPanelCols = 64;  // 16-bit columns per 128-byte swizzled row: the box's inner size (TMA's limit)
+
+// Map of a [planes][rows][head_dim] 16-bit tensor (planes = batch x heads), read in boxes of kPanelCols columns x
+// box_rows rows of one plane, written to shared memory with the 128-byte swizzle that the wgmma descriptors of
+// wgmma.cuh expect. Rows past `rows` (a tail tile) arrive as zeros.
+template <class T>
+CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+      throw std::runtime_error("the CUDA driver has no cuTensorMapEncodeTiled (TMA needs a CUDA 12+ driver)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  constexpr CUtensorMapDataType kType =
+      std::is_same_v<T, fa::half_t> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(rows), cuuint64_t(planes)};
+  const cuuint64_t strides[2] = {cuuint64_t(head_dim) * 2, cuuint64_t(rows) * head_dim * 2};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {kPanelCols, cuuint32_t(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode(&map, kType, 3, const_cast<T*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ") for a [" +
+                             std::to_string(planes) + "][" + std::to_string(rows) + "][" + std::to_string(head_dim) +
+                             "] tensor");
+  return map;
+}
+
+}  // namespace wsq::sm90
