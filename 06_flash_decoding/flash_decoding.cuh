@@ -20,7 +20,7 @@ namespace fdec {
 
 // The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
 // over this one list.
-enum class Kernel { fa2_grid, split_kv, split_kv_gqa, unified_max, paged };
+enum class Kernel { fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, unified_max, paged };
 struct KernelInfo {
   Kernel id;
   const char* name;
@@ -28,6 +28,7 @@ struct KernelInfo {
   bool splits;   // the keys are split across blocks (else one block walks them all, as FA2's grid does)
   bool unified;  // FlashDecoding++'s fixed phi instead of the running max, with the fallback
   bool paged;    // K/V come through a block table
+  int stages;    // K/V chunk buffers per warp: 2 = the next chunk is copied while this one is computed
   const char* summary;
 };
 const std::vector<KernelInfo>& kernels();
@@ -57,7 +58,8 @@ struct Launch {
   int max_splits = 1;                  // the largest split count worth trying for this max_len
 };
 // max_len: the longest context of the batch. splits_override > 0 forces that split count (kernels without
-// splits always use 1). Queries the device (SM count, occupancy).
+// splits always use 1). Queries the device (SM count, occupancy); throws std::runtime_error when the kernel's shared
+// memory exceeds what this GPU gives one block (split_kv_pipelined at head_dim 128 needs sm_80's or sm_90's 163+ KB).
 Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
 
 // Device memory forward() needs with `splits` > 1: O_s [splits, B*H*q_len, d] and LSE_s [splits, B*H*q_len], fp32.

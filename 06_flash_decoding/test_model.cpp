@@ -192,10 +192,19 @@ TEST_CASE("06 model: the split heuristic") {
           CHECK(cost(s) <= kHeuristicSlack * best + 1e-12);
           for (int x = 1; x < s; ++x) CHECK(cost(x) > kHeuristicSlack * best - 1e-12);  // the smallest such s
         }
-  // On an H100 (132 SMs) with 2 blocks per SM: B=1 with 8 kv heads at 128k takes 32 splits = 256 of 264 slots
-  // (33 would fill all 264, but 32 is within 5% and leaves fewer partials to merge).
+  // On an H100 the slots are its 132 SMs (README §4). B=1 with 8 kv groups takes 16 splits = 128 blocks, one per
+  // SM, at 32k and at 128k (33 would fill two waves of 132 a little better, but 16 is within 5% and leaves half
+  // the partials); the sweep that motivated the rule measured 16 as the best count there.
+  CHECK(choose_splits(8, 32768, 132) == 16);
+  CHECK(choose_splits(8, 131072, 132) == 16);
+  // B=1 MHA, 32 unpacked heads: 4 splits (128 blocks). B=8, GQA 32/8: 64 groups, 2 splits (128 blocks).
+  CHECK(choose_splits(32, 131072, 132) == 4);
+  CHECK(choose_splits(8 * 8, 32768, 132) == 2);
+  // B=8 MHA: 256 blocks already give every SM a block (the measured table: not splitting was 0.4-2.4% faster than
+  // the 3 splits that counting resident blocks chose).
+  CHECK(choose_splits(8 * 32, 131072, 132) == 1);
+  // Counting resident blocks as slots (2 per SM) would have chosen 32 for the same B=1 GQA shape.
   CHECK(choose_splits(8, 131072, 264) == 32);
-  CHECK(choose_splits(8 * 32, 131072, 264) == 1);
 }
 
 TEST_CASE("06 model: bytes read per decode step") {
