@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "cuda_check.cuh"
+#include "device_buffer.cuh"
 #include "device.cuh"
 #include "lowp.cuh"
 #include "model.hpp"
@@ -115,6 +116,7 @@ struct Args {
   float* ws_lse; // [splits, B*H*q_len]
   int* fallbacks;
   size_t q_rows; // B*H*q_len: the query rows of the whole problem (a row of the workspace per split)
+  int* done;     // fused merge: per (row chunk, batch entry x unit), how many of its splits have written their partial
 };
 
 // Offset of key row `key` of kv head hk of batch entry b: contiguous, or through the block table (page pool
@@ -303,9 +305,48 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
   __syncthreads();
 }
 
+// Algorithm 2 for one query row g, by one warp (lane owns d/32 columns): M over every split's LSE_s (lanes take
+// splits lane, lane + 32, ...), then the weighted sum in split order; empty splits (LSE_s = -inf) are skipped, so
+// their O_s is never read into the sum. The workspace is read with ld.global.cg (L2, not L1): in the fused kernel
+// other blocks wrote it during this launch, and L1 is not coherent between SMs.
+template <class T, int D>
+__device__ __forceinline__ void merge_row(size_t g, size_t rows, int splits, const float* ws_o, const float* ws_lse,
+                                          T* o, float* lse) {
+  constexpr int kCols = D / 32;
+  const int lane = threadIdx.x % 32;
+  float M = -INFINITY;  // line 1
+  for (int s = lane; s < splits; s += 32) M = fmaxf(M, __ldcg(ws_lse + size_t(s) * rows + g));
+  M = warp_max(M);
+  float acc[kCols] = {}, Lsum = 0.f;
+  if (M != -INFINITY)
+    for (int s = 0; s < splits; ++s) {  // lines 2-3
+      const float ls = __ldcg(ws_lse + size_t(s) * rows + g);
+      if (ls == -INFINITY) continue;
+      const float w = expf(ls - M);
+      Lsum += w;
+      const float* os = ws_o + (size_t(s) * rows + g) * D + lane * kCols;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, __ldcg(os + c), acc[c]);
+    }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o[g * D + lane * kCols + c] = T(Lsum > 0.f ? acc[c] / Lsum : 0.f);  // line 4
+  if (lane == 0) lse[g] = Lsum > 0.f ? M + logf(Lsum) : -INFINITY;
+}
+
+// Algorithm 2 as a kernel of its own: one warp per query row, launched after the split kernel.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, const float* __restrict__ ws_o,
+                                                         const float* __restrict__ ws_lse, T* __restrict__ o,
+                                                         float* __restrict__ lse) {
+  const int g = blockIdx.x * kMergeRows + threadIdx.x / 32;
+  if (g >= rows) return;
+  merge_row<T, D>(g, rows, splits, ws_o, ws_lse, o, lse);
+}
+
 // The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R, Stages>::kBytes
-// dynamic.
-template <class T, int D, int R, bool Paged, bool Unified, int Stages>
+// dynamic. Fused: with more than one split, the last block of a (row chunk, batch entry x unit) to finish merges
+// its rows' partials itself (Algorithm 2, line 13 of Algorithm 1; README §4.2), so no merge kernel is launched.
+template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused>
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   using L = Smem<D, R, Stages>;
   extern __shared__ float4 smem4[];
@@ -383,33 +424,27 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
     if (direct) a.lse[g] = lse;
     else a.ws_lse[size_t(s) * a.q_rows + g] = lse;
   }
-}
 
-// Algorithm 2, the merge: one warp per query row g, lane owns d/32 columns. Reads LSE_s (all splits) twice and
-// O_s once; empty splits (LSE_s = -inf) are skipped, so their O_s is never read into the sum.
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, const float* __restrict__ ws_o,
-                                                         const float* __restrict__ ws_lse, T* __restrict__ o,
-                                                         float* __restrict__ lse) {
-  constexpr int kCols = D / 32;
-  const int g = blockIdx.x * kMergeRows + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (g >= rows) return;
-  float M = -INFINITY;  // line 1
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_lse[size_t(s) * rows + g]);
-  float acc[kCols] = {}, Lsum = 0.f;
-  if (M != -INFINITY)
-    for (int s = 0; s < splits; ++s) {  // lines 2-3
-      const float ls = ws_lse[size_t(s) * rows + g];
-      if (ls == -INFINITY) continue;
-      const float w = expf(ls - M);
-      Lsum += w;
-      const float* os = ws_o + (size_t(s) * rows + g) * D + lane * kCols;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, os[c], acc[c]);
+  // line 13 (fused): publish the partial, count it; the block that brings the count to `splits` merges. Every
+  // thread fences its own workspace stores before the barrier, so they are visible device-wide before thread 0's
+  // atomic says so; the last block fences again after the atomic, before it reads the other blocks' partials.
+  if constexpr (Fused) {
+    if (direct) return;
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* done = a.done + size_t(blockIdx.z) * gridDim.y + blockIdx.y;
+      last = atomicAdd(done, 1) == a.splits - 1;
+      if (last) *done = 0;  // every other block of this row chunk has counted: ready for the next launch
+      __threadfence();
     }
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) o[size_t(g) * D + lane * kCols + c] = T(Lsum > 0.f ? acc[c] / Lsum : 0.f);  // line 4
-  if (lane == 0) lse[g] = Lsum > 0.f ? M + logf(Lsum) : -INFINITY;
+    __syncthreads();
+    if (!last) return;
+    for (int r = threadIdx.x / 32; r < nrows; r += kWarps)
+      merge_row<T, D>(a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r), a.q_rows, a.splits, a.ws_o,
+                      a.ws_lse, a.o, a.lse);
+  }
 }
 
 // The ceiling: read the visible K and V rows of every (b, kv head) as 16-byte loads, grid (blocks, B x Hkv),
@@ -469,11 +504,14 @@ void with_dtype_dim(fa::Dtype t, int d, F&& f) {
 template <class F>
 void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f) {
   with_dtype_dim(t, d, [&](auto tag, auto dim) {
-    auto rows = [&](auto r) {  // the combinations the registry has: paged, unified, or neither with 1 or 2 stages
-      if (kernel.paged) f(tag, dim, r, std::true_type{}, std::false_type{}, Int<1>{});
-      else if (kernel.unified) f(tag, dim, r, std::false_type{}, std::true_type{}, Int<1>{});
-      else if (kernel.stages == 2) f(tag, dim, r, std::false_type{}, std::false_type{}, Int<2>{});
-      else f(tag, dim, r, std::false_type{}, std::false_type{}, Int<1>{});
+    auto rows = [&](auto r) {  // the combinations the registry has (flags: paged, unified, stages, fused merge)
+      using No = std::false_type;
+      using Yes = std::true_type;
+      if (kernel.paged) f(tag, dim, r, Yes{}, No{}, Int<1>{}, No{});
+      else if (kernel.unified) f(tag, dim, r, No{}, Yes{}, Int<1>{}, No{});
+      else if (kernel.fused_merge) f(tag, dim, r, No{}, No{}, Int<2>{}, Yes{});
+      else if (kernel.stages == 2) f(tag, dim, r, No{}, No{}, Int<2>{}, No{});
+      else f(tag, dim, r, No{}, No{}, Int<1>{}, No{});
     };
     if (bucket == 1) rows(Int<1>{});
     else if (bucket == 4) rows(Int<4>{});
@@ -482,15 +520,27 @@ void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f
 }
 
 // The kernel function of a configuration, with its shared-memory limit raised once.
-template <class T, int D, int R, bool Paged, bool Unified, int Stages>
+template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused>
 auto split_kernel_ready() {
-  auto fn = split_kernel<T, D, R, Paged, Unified, Stages>;
+  auto fn = split_kernel<T, D, R, Paged, Unified, Stages, Fused>;
   static const bool raised = [&] {
     CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, R, Stages>::kBytes));
     return true;
   }();
   (void)raised;
   return fn;
+}
+
+// The fused merge's counters, one per (row chunk, batch entry x unit) of the grid: zeroed once when allocated and
+// left at zero by every launch (the last block of a row chunk resets its own), so no memset runs per decode step.
+// One stream at a time: two fused launches in flight on different streams would share them.
+int* merge_counters(size_t n) {
+  static fa::DeviceBuffer<int> counters;
+  if (counters.size() < n) {
+    counters = fa::DeviceBuffer<int>(n);
+    counters.zero();
+  }
+  return counters.get();
 }
 
 int log2_of(int x) {  // x a power of two (check_page_size)
@@ -503,17 +553,19 @@ int log2_of(int x) {  // x a power of two (check_page_size)
 
 const std::vector<KernelInfo>& kernels() {
   static const std::vector<KernelInfo> list = {
-      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1,
+      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1, false,
        "FA2's grid at decode time: one block per (query head, batch), walking all N keys"},
-      {Kernel::split_kv, "split_kv", false, true, false, false, 1,
+      {Kernel::split_kv, "split_kv", false, true, false, false, 1, false,
        "Flash-Decoding: the keys split across blocks, partials merged by LSE; one query head per block"},
-      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1,
+      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1, false,
        "split_kv with the query heads of a kv group packed into one block: K/V read once per group"},
-      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2,
+      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2, false,
        "split_kv_gqa with two K/V buffers per warp: the next chunk is copied while this one is computed"},
-      {Kernel::unified_max, "unified_max", true, true, true, false, 1,
+      {Kernel::split_kv_fused, "split_kv_fused", true, true, false, false, 2, true,
+       "split_kv_pipelined whose last block per row chunk merges the splits: no second kernel launch"},
+      {Kernel::unified_max, "unified_max", true, true, true, false, 1, false,
        "split_kv_gqa with FlashDecoding++'s fixed phi instead of the running max, falling back when unsafe"},
-      {Kernel::paged, "paged", true, true, false, true, 1,
+      {Kernel::paged, "paged", true, true, false, true, 1, false,
        "split_kv_gqa reading K/V through a block table into a page pool"},
   };
   return list;
@@ -550,7 +602,7 @@ Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max
   l.blocks_unsplit = (long long)p.batch * units_of(p, kernel.packed) * l.row_chunks;
   l.sms = fa::device_props().multiProcessorCount;
   with_config(kernel, t, p.head_dim, l.row_bucket,
-              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages) {
+              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value, R = decltype(r)::value, St = decltype(stages)::value;
     using L = Smem<D, R, St>;
@@ -559,7 +611,7 @@ Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max
       throw std::runtime_error(std::string(kernel.name) + " needs " + std::to_string(L::kBytes) +
                                " bytes of shared memory per block at head_dim " + std::to_string(D) +
                                "; this GPU allows " + std::to_string(limit) + " (sm_80 and sm_90 allow enough)");
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St>();
+    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value>();
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, fn, kThreads, L::kBytes));
   });
   l.max_splits = kernel.splits ? fdec_model::max_splits(max_len) : 1;
@@ -584,8 +636,9 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
   const dim3 grid(launch.splits, launch.row_chunks, p.batch * units_of(p, kernel.packed));
   float* ws_o = workspace;
   float* ws_lse = workspace ? workspace + size_t(launch.splits) * p.lse_elems() * p.head_dim : nullptr;
+  const bool fused_merge = kernel.fused_merge && launch.splits > 1;
   with_config(kernel, t, p.head_dim, launch.row_bucket,
-              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages) {
+              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value, R = decltype(r)::value, St = decltype(stages)::value;
     Args<T> a{p,
@@ -604,11 +657,12 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
               ws_o,
               ws_lse,
               fallbacks,
-              p.lse_elems()};
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St>();
+              p.lse_elems(),
+              fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr};
+    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value>();
     fn<<<grid, kThreads, Smem<D, R, St>::kBytes>>>(a);
     CHECK_LAUNCH();
-    if (launch.splits > 1) {
+    if (launch.splits > 1 && !fused_merge) {
       const int n = int(p.lse_elems());
       merge_kernel<T, D><<<(n + kMergeRows - 1) / kMergeRows, kThreads>>>(n, launch.splits, ws_o, ws_lse,
                                                                          static_cast<T*>(o), lse);

@@ -20,7 +20,7 @@ namespace fdec {
 
 // The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
 // over this one list.
-enum class Kernel { fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, unified_max, paged };
+enum class Kernel { fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, unified_max, paged };
 struct KernelInfo {
   Kernel id;
   const char* name;
@@ -29,6 +29,7 @@ struct KernelInfo {
   bool unified;  // FlashDecoding++'s fixed phi instead of the running max, with the fallback
   bool paged;    // K/V come through a block table
   int stages;    // K/V chunk buffers per warp: 2 = the next chunk is copied while this one is computed
+  bool fused_merge;  // the last split block of a row chunk merges the partials: no merge kernel
   const char* summary;
 };
 const std::vector<KernelInfo>& kernels();
