@@ -68,6 +68,8 @@ size_t workspace_floats(const fa::Problem& p, int splits);
 
 // One decode step: O (dtype) and LSE (fp32). q, o: 16-bit device arrays of the dtype. fallbacks: a device int the
 // unified-max kernel adds 1 to for every split block that fell back to the running max (other kernels leave it).
+// split_kv_fused counts arriving split blocks in counters the library owns (zeroed once, left at zero by every
+// launch): one stream at a time.
 void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache,
              void* o, float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks);
 
