@@ -202,9 +202,8 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
   }
 
+  // Stages = 2: the warp's first chunk is already on its way to stage 0 (split_kernel issued it before line 1).
   const int first = keys.begin + warp * kKeysPerWarp;
-  if constexpr (Stages == 2)  // the pipeline's prologue: the warp's first chunk -> stage 0
-    if (first < keys.end) copy_chunk<T, D, Paged>(a, b, hk, first, keys.end, Ks_of(0), Ks_of(0) + kKeysPerWarp * L::kLdKV);
   int stage = 0;
   for (int c0 = first; c0 < keys.end; c0 += kStride) {
     T* Ks = Ks_of(stage);
@@ -358,6 +357,14 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   const int n_b = a.kv_lens[b];
   const fa::Problem pb = seen_by(a.p, n_b);
   const KeyRange keys = split_range(n_b, a.splits, s);
+
+  // Stages = 2, the pipeline's prologue: each warp's first chunk -> stage 0, in flight while Q is loaded
+  if constexpr (Stages == 2) {
+    static_assert(!Unified, "the unified max's fallback re-runs attend, which expects no copy in flight");
+    const int first = keys.begin + (threadIdx.x / 32) * kKeysPerWarp;
+    T* Ks = reinterpret_cast<T*>(smem + (threadIdx.x / 32) * L::kKVWarp);
+    if (first < keys.end) copy_chunk<T, D, Paged>(a, b, hk, first, keys.end, Ks, Ks + kKeysPerWarp * L::kLdKV);
+  }
 
   // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend)
   float* Qs = reinterpret_cast<float*>(smem + L::kKV);
