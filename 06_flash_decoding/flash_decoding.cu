@@ -38,7 +38,6 @@
 namespace fdec {
 namespace {
 
-constexpr int kPadH = 8;           // shared row padding (16-bit elements): 16 bytes keeps the S loop conflict-free
 constexpr int kVec = 8;            // 16-bit elements per 16-byte copy
 constexpr int kMergeRows = kWarps; // merge kernel: one warp per query row
 static_assert(kKeysPerWarp == 32, "one key per lane");
@@ -142,6 +141,7 @@ struct Smem {
   static constexpr int kScratchWarp = R * (D + 3) * 4;                           // m, l, max, O~ per row
   static constexpr int kQ = R * D * 4, kP = kWarps * R * kKeysPerWarp * 4, kFin = 2 * R * 4 + kWarps * R * 4;
   static constexpr int kBytes = kKV + kQ + kP + kFin;
+  static_assert(kBytes == split_smem_bytes(D, R, Stages), "plan.hpp's count (CPU-tested) is this layout's");
   static_assert(Stages == 1 || Stages == 2, "one buffer per warp, or two (double buffering)");
   static_assert(kWarps * kScratchWarp <= kStage, "the merge scratch reuses the first stage's K/V chunk buffers");
   static_assert((kLdKV * 2) % 16 == 0 && kKVWarp % 16 == 0, "cp.async needs 16-byte aligned rows");

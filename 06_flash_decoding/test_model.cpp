@@ -236,3 +236,24 @@ TEST_CASE("06 model: the device-made inputs have the project's statistics and di
   CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(5, fdec::Tensor::v, 7));
   CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(6, fdec::Tensor::k, 7));
 }
+
+TEST_CASE("06 model: shared memory of the split blocks (README §4.1, §7, exercise 1)") {
+  using fdec::split_smem_bytes;
+  constexpr int kSm80 = 166912, kSm86 = 101376, kSm90 = 232448;  // opt-in bytes per block: 163, 99, 227 KB
+  constexpr int kSm90PerSm = 233472, kReservedPerBlock = 1024;      // 228 KB per SM, 1 KB of it per block
+  // One stage, 16 rows, d = 128: 86,400 bytes, so two blocks fit on an H100 SM (what the occupancy API reported).
+  CHECK(split_smem_bytes(128, 16, 1) == 86400);
+  CHECK(2 * (split_smem_bytes(128, 16, 1) + kReservedPerBlock) <= kSm90PerSm);
+  CHECK(3 * (split_smem_bytes(128, 16, 1) + kReservedPerBlock) > kSm90PerSm);
+  // Two stages: 156,032 bytes (152 KB) at d = 128 and 16 rows: sm_80 and sm_90 hold it, sm_86/89 do not; one per SM.
+  CHECK(split_smem_bytes(128, 16, 2) == 156032);
+  CHECK(split_smem_bytes(128, 16, 2) <= kSm80);
+  CHECK(split_smem_bytes(128, 16, 2) > kSm86);
+  CHECK(2 * (split_smem_bytes(128, 16, 2) + kReservedPerBlock) > kSm90PerSm);
+  // At d = 64 two stages fit everywhere (sm_86 included).
+  CHECK(split_smem_bytes(64, 16, 2) <= kSm86);
+  // Exercise 1: three stages (225,664 bytes) fit sm_90's 227 KB, not sm_80's 163 KB.
+  CHECK(split_smem_bytes(128, 16, 3) == 225664);
+  CHECK(split_smem_bytes(128, 16, 3) <= kSm90);
+  CHECK(split_smem_bytes(128, 16, 3) > kSm80);
+}
