@@ -1,20 +1,22 @@
-// Chapter 06 kernels: split-KV decoding (Flash-Decoding), GQA packing, FlashDecoding++'s unified max, a paged
-// cache, the LSE merge, and the read-only ceiling. README §2-§6 derive each; the pseudo-code lines are README
-// Algorithm 1 (split) and Algorithm 2 (merge).
+// Chapter 06 kernels: split-KV decoding (Flash-Decoding), GQA packing, double-buffered K/V chunks, FlashDecoding++'s
+// unified max, a paged cache, the LSE merge, and the read-only ceiling. README §2-§6 derive each; the pseudo-code
+// lines are README Algorithm 1 (split) and Algorithm 2 (merge).
 //
 // One block = (split s, row chunk, batch entry b x unit u); 128 threads = 4 warps. The block's query rows (1, 4 or
 // 16 of them: plan.hpp's row bucket) sit in shared memory as fp32, pre-scaled by the softmax scale. The split's keys
 // are dealt to the warps in chunks of 32 (warp w takes chunks w, w + 4, ...): split-K *inside* the block too,
 // because decoding has too few query rows to give every warp rows of its own.
 // Per chunk, a warp copies K_j and V_j (32 rows each) to its own shared memory with cp.async (16 bytes a lane,
-// coalesced; rows past the split are zero-filled, never read), then
+// coalesced; rows past the split are zero-filled, never read; with Stages = 2 the copy of the warp's *next* chunk is
+// issued into a second buffer before this chunk is computed: README §4.1), then
 //   S:   lane j computes S_rj = q_r . k_j for every row r (its key row read from padded shared memory),
 //   P:   running max (warp max per row, rescale of O~ by alpha) or unified max (exp(S - phi), nothing to rescale),
 //   PV:  P goes to shared memory; lane c owns d/32 output columns and adds P_rj V_j[c] over the chunk.
 // At the end the 4 warps' (m, l, O~) are merged (chapter 01's operator) through shared memory, and the block
 // writes its partial (O_s = O~/l, LSE_s = m + log l), or O and LSE themselves when there is one split.
-// Shared memory: K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB at d = 128, 36.9 KB at d = 64), the merge scratch
-// reuses it; Q rows x d x 4 B and P 4 x rows x 32 x 4 B (8 KB each at 16 rows, d = 128).
+// Shared memory: K, V chunks Stages x 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB per stage at d = 128, 36.9 KB at d = 64),
+// the merge scratch reuses the first stage; Q rows x d x 4 B and P 4 x rows x 32 x 4 B (8 KB each at 16 rows,
+// d = 128). Two stages at d = 128 and 16 rows: 152 KB, one block per SM (sm_80 allows 163 KB, sm_90 227 KB).
 #include "flash_decoding.cuh"
 
 #include <cuda_bf16.h>
@@ -27,6 +29,7 @@
 #include <type_traits>
 
 #include "cuda_check.cuh"
+#include "device_buffer.cuh"
 #include "device.cuh"
 #include "lowp.cuh"
 #include "model.hpp"
@@ -35,7 +38,6 @@
 namespace fdec {
 namespace {
 
-constexpr int kPadH = 8;           // shared row padding (16-bit elements): 16 bytes keeps the S loop conflict-free
 constexpr int kVec = 8;            // 16-bit elements per 16-byte copy
 constexpr int kMergeRows = kWarps; // merge kernel: one warp per query row
 static_assert(kKeysPerWarp == 32, "one key per lane");
@@ -113,6 +115,7 @@ struct Args {
   float* ws_lse; // [splits, B*H*q_len]
   int* fallbacks;
   size_t q_rows; // B*H*q_len: the query rows of the whole problem (a row of the workspace per split)
+  int* done;     // fused merge: per (row chunk, batch entry x unit), how many of its splits have written their partial
 };
 
 // Offset of key row `key` of kv head hk of batch entry b: contiguous, or through the block table (page pool
@@ -128,33 +131,64 @@ __device__ __forceinline__ size_t key_row(const Args<T>& a, int b, int hk, int k
   }
 }
 
-// Shared-memory layout of a split block (bytes), for D and R rows.
-template <int D, int R>
+// Shared-memory layout of a split block (bytes), for D, R rows and Stages K/V chunk buffers per warp.
+template <int D, int R, int Stages>
 struct Smem {
   static constexpr int kLdKV = D + kPadH;                                       // 16-bit elements per K/V row
   static constexpr int kKVWarp = 2 * kKeysPerWarp * kLdKV * 2;                   // one warp's K and V chunk
-  static constexpr int kKV = kWarps * kKVWarp;
+  static constexpr int kStage = kWarps * kKVWarp;                                // every warp's chunk, one stage
+  static constexpr int kKV = Stages * kStage;
   static constexpr int kScratchWarp = R * (D + 3) * 4;                           // m, l, max, O~ per row
   static constexpr int kQ = R * D * 4, kP = kWarps * R * kKeysPerWarp * 4, kFin = 2 * R * 4 + kWarps * R * 4;
   static constexpr int kBytes = kKV + kQ + kP + kFin;
-  static_assert(kWarps * kScratchWarp <= kKV, "the merge scratch reuses the K/V chunk buffers");
+  static_assert(kBytes == split_smem_bytes(D, R, Stages), "plan.hpp's count (CPU-tested) is this layout's");
+  static_assert(Stages == 1 || Stages == 2, "one buffer per warp, or two (double buffering)");
+  static_assert(kWarps * kScratchWarp <= kStage, "the merge scratch reuses the first stage's K/V chunk buffers");
   static_assert((kLdKV * 2) % 16 == 0 && kKVWarp % 16 == 0, "cp.async needs 16-byte aligned rows");
 };
 
-// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
-// chunks, which it writes to the scratch. Unified: S - phi replaces S - m (m = phi), and `m` tracks the largest
-// score instead, for the fallback test.
-template <class T, int D, int R, bool Paged, bool Unified>
-__device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
-                                       const fa::Problem& pb, char* smem) {
-  using L = Smem<D, R>;
-  constexpr int kCols = D / 32;  // output columns per lane
+// Algorithm 1 line 4 for one warp: K_j and V_j of the 32-key chunk at c0 -> Ks, Vs by cp.async, as two commit
+// groups (K first, so the S loop can start while V is still in flight). Rows past the split are zero-filled, not read.
+template <class T, int D, bool Paged>
+__device__ __forceinline__ void copy_chunk(const Args<T>& a, int b, int hk, int c0, int end, T* Ks, T* Vs) {
+  constexpr int kLd = D + kPadH;
   constexpr int kPieces = D / kVec;                     // 16-byte pieces per K/V row
   constexpr int kCopies = kKeysPerWarp * kPieces / 32;  // 16-byte copies per lane per chunk and matrix
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < kCopies; ++t) {
+    const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
+    const bool ok = key < end;
+    const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
+    cp_async16(Ks + row * kLd + col, a.k + off, ok);
+  }
+  cp_async_commit();
+#pragma unroll
+  for (int t = 0; t < kCopies; ++t) {
+    const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
+    const bool ok = key < end;
+    const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
+    cp_async16(Vs + row * kLd + col, a.v + off, ok);
+  }
+  cp_async_commit();
+}
+
+// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// chunks, which it writes to the scratch. Unified: S - phi replaces S - m (m = phi), and `m` tracks the largest
+// score instead, for the fallback test. Stages = 2: while chunk t is computed, chunk t + 1 is already being copied
+// into the warp's other buffer (README §4.1); the arithmetic, and so every bit of the result, is that of Stages = 1.
+template <class T, int D, int R, bool Paged, bool Unified, int Stages>
+__device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
+                                       const fa::Problem& pb, char* smem) {
+  using L = Smem<D, R, Stages>;
+  constexpr int kCols = D / 32;  // output columns per lane
+  constexpr int kStride = kWarps * kKeysPerWarp;  // from one chunk of a warp to its next
+  // cp.async groups a warp may leave in flight: K, V of the chunks copied ahead. Waiting down to kAhead + 1 groups
+  // means this chunk's K has landed, down to kAhead its V too.
+  constexpr int kAhead = 2 * (Stages - 1);
   static_assert(D % 64 == 0, "lane owns an even number of columns");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  T* Ks = reinterpret_cast<T*>(smem + warp * L::kKVWarp);
-  T* Vs = Ks + kKeysPerWarp * L::kLdKV;
+  auto Ks_of = [&](int stage) { return reinterpret_cast<T*>(smem + stage * L::kStage + warp * L::kKVWarp); };
   const float* Qs = reinterpret_cast<const float*>(smem + L::kKV);
   float* Ps = reinterpret_cast<float*>(smem + L::kKV + L::kQ) + warp * R * kKeysPerWarp;
 
@@ -168,25 +202,26 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
   }
 
-  for (int c0 = keys.begin + warp * kKeysPerWarp; c0 < keys.end; c0 += kWarps * kKeysPerWarp) {
-    // line 4: K_j, V_j of the chunk -> shared (rows past the split: zeros, nothing read)
-#pragma unroll
-    for (int t = 0; t < kCopies; ++t) {
-      const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
-      const bool ok = key < keys.end;
-      const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
-      cp_async16(Ks + row * L::kLdKV + col, a.k + off, ok);
+  // Stages = 2: the warp's first chunk is already on its way to stage 0 (split_kernel issued it before line 1).
+  const int first = keys.begin + warp * kKeysPerWarp;
+  int stage = 0;
+  for (int c0 = first; c0 < keys.end; c0 += kStride) {
+    T* Ks = Ks_of(stage);
+    T* Vs = Ks + kKeysPerWarp * L::kLdKV;
+    // line 4: K_j, V_j of the chunk -> shared (rows past the split: zeros, nothing read). Stages = 2: this chunk was
+    // copied one iteration ago; copy the next one into the other buffer now (that buffer's last reader, the previous
+    // iteration's PV loop, ended at its closing __syncwarp). Past the last chunk, two empty groups keep the count.
+    if constexpr (Stages == 2) {
+      if (c0 + kStride < keys.end) {
+        T* Kn = Ks_of(stage ^ 1);
+        copy_chunk<T, D, Paged>(a, b, hk, c0 + kStride, keys.end, Kn, Kn + kKeysPerWarp * L::kLdKV);
+      } else {
+        cp_async_commit(), cp_async_commit();
+      }
+    } else {
+      copy_chunk<T, D, Paged>(a, b, hk, c0, keys.end, Ks, Vs);
     }
-    cp_async_commit();
-#pragma unroll
-    for (int t = 0; t < kCopies; ++t) {
-      const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
-      const bool ok = key < keys.end;
-      const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
-      cp_async16(Vs + row * L::kLdKV + col, a.v + off, ok);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();  // K has landed; V may still be in flight during the S loop
+    cp_async_wait<kAhead + 1>();  // this chunk's K has landed; its V (and the next chunk) may still be in flight
     __syncwarp();
 
     // line 5: S_rj = (scale q_r) . k_j, lane = key j
@@ -227,7 +262,7 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
       }
       Ps[r * kKeysPerWarp + lane] = p;
     }
-    cp_async_wait<0>();
+    cp_async_wait<kAhead>();
     __syncwarp();  // V_j and every lane's P are in shared memory
 
     // line 9: O~_r += P_rj V_j over the 32 keys; lane owns columns lane*kCols .. +kCols-1
@@ -245,9 +280,11 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
       }
     }
     __syncwarp();  // every lane is done with K_j, V_j, P before the next chunk overwrites them
+    stage ^= Stages - 1;
   }
 
-  // line 10: the warp's (m, l, max, O~) -> scratch (which overlays the K/V buffers of every warp: wait for all)
+  // line 10: the warp's (m, l, max, O~) -> scratch (which overlays the first stage's K/V buffers of every warp: wait
+  // for all; no copy is in flight any more, the last iteration waited for every non-empty group)
   float mx[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -267,10 +304,50 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
   __syncthreads();
 }
 
-// The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R>::kBytes dynamic.
-template <class T, int D, int R, bool Paged, bool Unified>
+// Algorithm 2 for one query row g, by one warp (lane owns d/32 columns): M over every split's LSE_s (lanes take
+// splits lane, lane + 32, ...), then the weighted sum in split order; empty splits (LSE_s = -inf) are skipped, so
+// their O_s is never read into the sum. The workspace is read with ld.global.cg (L2, not L1): in the fused kernel
+// other blocks wrote it during this launch, and L1 is not coherent between SMs.
+template <class T, int D>
+__device__ __forceinline__ void merge_row(size_t g, size_t rows, int splits, const float* ws_o, const float* ws_lse,
+                                          T* o, float* lse) {
+  constexpr int kCols = D / 32;
+  const int lane = threadIdx.x % 32;
+  float M = -INFINITY;  // line 1
+  for (int s = lane; s < splits; s += 32) M = fmaxf(M, __ldcg(ws_lse + size_t(s) * rows + g));
+  M = warp_max(M);
+  float acc[kCols] = {}, Lsum = 0.f;
+  if (M != -INFINITY)
+    for (int s = 0; s < splits; ++s) {  // lines 2-3
+      const float ls = __ldcg(ws_lse + size_t(s) * rows + g);
+      if (ls == -INFINITY) continue;
+      const float w = expf(ls - M);
+      Lsum += w;
+      const float* os = ws_o + (size_t(s) * rows + g) * D + lane * kCols;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, __ldcg(os + c), acc[c]);
+    }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o[g * D + lane * kCols + c] = T(Lsum > 0.f ? acc[c] / Lsum : 0.f);  // line 4
+  if (lane == 0) lse[g] = Lsum > 0.f ? M + logf(Lsum) : -INFINITY;
+}
+
+// Algorithm 2 as a kernel of its own: one warp per query row, launched after the split kernel.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, const float* __restrict__ ws_o,
+                                                         const float* __restrict__ ws_lse, T* __restrict__ o,
+                                                         float* __restrict__ lse) {
+  const int g = blockIdx.x * kMergeRows + threadIdx.x / 32;
+  if (g >= rows) return;
+  merge_row<T, D>(g, rows, splits, ws_o, ws_lse, o, lse);
+}
+
+// The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R, Stages>::kBytes
+// dynamic. Fused: with more than one split, the last block of a (row chunk, batch entry x unit) to finish merges
+// its rows' partials itself (Algorithm 2, line 13 of Algorithm 1; README §4.2), so no merge kernel is launched.
+template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused>
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
-  using L = Smem<D, R>;
+  using L = Smem<D, R, Stages>;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const int units = gridDim.z / a.p.batch;
@@ -280,6 +357,14 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   const int n_b = a.kv_lens[b];
   const fa::Problem pb = seen_by(a.p, n_b);
   const KeyRange keys = split_range(n_b, a.splits, s);
+
+  // Stages = 2, the pipeline's prologue: each warp's first chunk -> stage 0, in flight while Q is loaded
+  if constexpr (Stages == 2) {
+    static_assert(!Unified, "the unified max's fallback re-runs attend, which expects no copy in flight");
+    const int first = keys.begin + (threadIdx.x / 32) * kKeysPerWarp;
+    T* Ks = reinterpret_cast<T*>(smem + (threadIdx.x / 32) * L::kKVWarp);
+    if (first < keys.end) copy_chunk<T, D, Paged>(a, b, hk, first, keys.end, Ks, Ks + kKeysPerWarp * L::kLdKV);
+  }
 
   // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend)
   float* Qs = reinterpret_cast<float*>(smem + L::kKV);
@@ -293,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   __syncthreads();
 
   if constexpr (Unified) {
-    attend<T, D, R, Paged, true>(a, b, hk, r0, nrows, keys, pb, smem);
+    attend<T, D, R, Paged, true, Stages>(a, b, hk, r0, nrows, keys, pb, smem);
     // The fallback test (README §5): any row whose largest score left [phi - 60, phi + 60] -> redo with the max.
     bool trip = false;
     if (threadIdx.x < nrows) {
@@ -303,10 +388,10 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
     }
     if (__syncthreads_or(trip)) {
       if (threadIdx.x == 0) atomicAdd(a.fallbacks, 1);
-      attend<T, D, R, Paged, false>(a, b, hk, r0, nrows, keys, pb, smem);
+      attend<T, D, R, Paged, false, Stages>(a, b, hk, r0, nrows, keys, pb, smem);
     }
   } else {
-    attend<T, D, R, Paged, false>(a, b, hk, r0, nrows, keys, pb, smem);
+    attend<T, D, R, Paged, false, Stages>(a, b, hk, r0, nrows, keys, pb, smem);
   }
 
   // line 11: merge the warps: M = max m_w, L = sum l_w e^(m_w - M), O~ = sum O~_w e^(m_w - M)
@@ -346,33 +431,27 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
     if (direct) a.lse[g] = lse;
     else a.ws_lse[size_t(s) * a.q_rows + g] = lse;
   }
-}
 
-// Algorithm 2, the merge: one warp per query row g, lane owns d/32 columns. Reads LSE_s (all splits) twice and
-// O_s once; empty splits (LSE_s = -inf) are skipped, so their O_s is never read into the sum.
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, const float* __restrict__ ws_o,
-                                                         const float* __restrict__ ws_lse, T* __restrict__ o,
-                                                         float* __restrict__ lse) {
-  constexpr int kCols = D / 32;
-  const int g = blockIdx.x * kMergeRows + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (g >= rows) return;
-  float M = -INFINITY;  // line 1
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_lse[size_t(s) * rows + g]);
-  float acc[kCols] = {}, Lsum = 0.f;
-  if (M != -INFINITY)
-    for (int s = 0; s < splits; ++s) {  // lines 2-3
-      const float ls = ws_lse[size_t(s) * rows + g];
-      if (ls == -INFINITY) continue;
-      const float w = expf(ls - M);
-      Lsum += w;
-      const float* os = ws_o + (size_t(s) * rows + g) * D + lane * kCols;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, os[c], acc[c]);
+  // line 13 (fused): publish the partial, count it; the block that brings the count to `splits` merges. Every
+  // thread fences its own workspace stores before the barrier, so they are visible device-wide before thread 0's
+  // atomic says so; the last block fences again after the atomic, before it reads the other blocks' partials.
+  if constexpr (Fused) {
+    if (direct) return;
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* done = a.done + size_t(blockIdx.z) * gridDim.y + blockIdx.y;
+      last = atomicAdd(done, 1) == a.splits - 1;
+      if (last) *done = 0;  // every other block of this row chunk has counted: ready for the next launch
+      __threadfence();
     }
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) o[size_t(g) * D + lane * kCols + c] = T(Lsum > 0.f ? acc[c] / Lsum : 0.f);  // line 4
-  if (lane == 0) lse[g] = Lsum > 0.f ? M + logf(Lsum) : -INFINITY;
+    __syncthreads();
+    if (!last) return;
+    for (int r = threadIdx.x / 32; r < nrows; r += kWarps)
+      merge_row<T, D>(a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r), a.q_rows, a.splits, a.ws_o,
+                      a.ws_lse, a.o, a.lse);
+  }
 }
 
 // The ceiling: read the visible K and V rows of every (b, kv head) as 16-byte loads, grid (blocks, B x Hkv),
@@ -432,10 +511,14 @@ void with_dtype_dim(fa::Dtype t, int d, F&& f) {
 template <class F>
 void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f) {
   with_dtype_dim(t, d, [&](auto tag, auto dim) {
-    auto rows = [&](auto r) {
-      if (kernel.paged) f(tag, dim, r, std::true_type{}, std::false_type{});
-      else if (kernel.unified) f(tag, dim, r, std::false_type{}, std::true_type{});
-      else f(tag, dim, r, std::false_type{}, std::false_type{});
+    auto rows = [&](auto r) {  // the combinations the registry has (flags: paged, unified, stages, fused merge)
+      using No = std::false_type;
+      using Yes = std::true_type;
+      if (kernel.paged) f(tag, dim, r, Yes{}, No{}, Int<1>{}, No{});
+      else if (kernel.unified) f(tag, dim, r, No{}, Yes{}, Int<1>{}, No{});
+      else if (kernel.fused_merge) f(tag, dim, r, No{}, No{}, Int<2>{}, Yes{});
+      else if (kernel.stages == 2) f(tag, dim, r, No{}, No{}, Int<2>{}, No{});
+      else f(tag, dim, r, No{}, No{}, Int<1>{}, No{});
     };
     if (bucket == 1) rows(Int<1>{});
     else if (bucket == 4) rows(Int<4>{});
@@ -444,15 +527,27 @@ void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f
 }
 
 // The kernel function of a configuration, with its shared-memory limit raised once.
-template <class T, int D, int R, bool Paged, bool Unified>
+template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused>
 auto split_kernel_ready() {
-  auto fn = split_kernel<T, D, R, Paged, Unified>;
+  auto fn = split_kernel<T, D, R, Paged, Unified, Stages, Fused>;
   static const bool raised = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, R>::kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, R, Stages>::kBytes));
     return true;
   }();
   (void)raised;
   return fn;
+}
+
+// The fused merge's counters, one per (row chunk, batch entry x unit) of the grid: zeroed once when allocated and
+// left at zero by every launch (the last block of a row chunk resets its own), so no memset runs per decode step.
+// One stream at a time: two fused launches in flight on different streams would share them.
+int* merge_counters(size_t n) {
+  static fa::DeviceBuffer<int> counters;
+  if (counters.size() < n) {
+    counters = fa::DeviceBuffer<int>(n);
+    counters.zero();
+  }
+  return counters.get();
 }
 
 int log2_of(int x) {  // x a power of two (check_page_size)
@@ -465,15 +560,19 @@ int log2_of(int x) {  // x a power of two (check_page_size)
 
 const std::vector<KernelInfo>& kernels() {
   static const std::vector<KernelInfo> list = {
-      {Kernel::fa2_grid, "fa2_grid", false, false, false, false,
+      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1, false,
        "FA2's grid at decode time: one block per (query head, batch), walking all N keys"},
-      {Kernel::split_kv, "split_kv", false, true, false, false,
+      {Kernel::split_kv, "split_kv", false, true, false, false, 1, false,
        "Flash-Decoding: the keys split across blocks, partials merged by LSE; one query head per block"},
-      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false,
+      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1, false,
        "split_kv with the query heads of a kv group packed into one block: K/V read once per group"},
-      {Kernel::unified_max, "unified_max", true, true, true, false,
+      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2, false,
+       "split_kv_gqa with two K/V buffers per warp: the next chunk is copied while this one is computed"},
+      {Kernel::split_kv_fused, "split_kv_fused", true, true, false, false, 2, true,
+       "split_kv_pipelined whose last block per row chunk merges the splits: no second kernel launch"},
+      {Kernel::unified_max, "unified_max", true, true, true, false, 1, false,
        "split_kv_gqa with FlashDecoding++'s fixed phi instead of the running max, falling back when unsafe"},
-      {Kernel::paged, "paged", true, true, false, true,
+      {Kernel::paged, "paged", true, true, false, true, 1, false,
        "split_kv_gqa reading K/V through a block table into a page pool"},
   };
   return list;
@@ -509,16 +608,24 @@ Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max
   l.row_bucket = row_bucket(rows), l.row_chunks = row_chunks(rows);
   l.blocks_unsplit = (long long)p.batch * units_of(p, kernel.packed) * l.row_chunks;
   l.sms = fa::device_props().multiProcessorCount;
-  with_config(kernel, t, p.head_dim, l.row_bucket, [&](auto tag, auto dim, auto r, auto paged, auto unified) {
+  with_config(kernel, t, p.head_dim, l.row_bucket,
+              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused) {
     using T = typename decltype(tag)::type;
-    constexpr int D = decltype(dim)::value, R = decltype(r)::value;
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value>();
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, fn, kThreads, Smem<D, R>::kBytes));
+    constexpr int D = decltype(dim)::value, R = decltype(r)::value, St = decltype(stages)::value;
+    using L = Smem<D, R, St>;
+    const int limit = int(fa::device_props().sharedMemPerBlockOptin);
+    if (L::kBytes > limit)
+      throw std::runtime_error(std::string(kernel.name) + " needs " + std::to_string(L::kBytes) +
+                               " bytes of shared memory per block at head_dim " + std::to_string(D) +
+                               "; this GPU allows " + std::to_string(limit) + " (sm_80 and sm_90 allow enough)");
+    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value>();
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, fn, kThreads, L::kBytes));
   });
   l.max_splits = kernel.splits ? fdec_model::max_splits(max_len) : 1;
+  // The slots are the SMs, not SMs x resident blocks (README §4): a second block on an SM shares that SM's bandwidth.
   if (!kernel.splits) l.splits = 1;
   else if (splits_override > 0) l.splits = splits_override;
-  else l.splits = fdec_model::choose_splits(l.blocks_unsplit, max_len, l.sms * std::max(l.blocks_per_sm, 1));
+  else l.splits = fdec_model::choose_splits(l.blocks_unsplit, max_len, l.sms);
   return l;
 }
 
@@ -536,9 +643,11 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
   const dim3 grid(launch.splits, launch.row_chunks, p.batch * units_of(p, kernel.packed));
   float* ws_o = workspace;
   float* ws_lse = workspace ? workspace + size_t(launch.splits) * p.lse_elems() * p.head_dim : nullptr;
-  with_config(kernel, t, p.head_dim, launch.row_bucket, [&](auto tag, auto dim, auto r, auto paged, auto unified) {
+  const bool fused_merge = kernel.fused_merge && launch.splits > 1;
+  with_config(kernel, t, p.head_dim, launch.row_bucket,
+              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused) {
     using T = typename decltype(tag)::type;
-    constexpr int D = decltype(dim)::value, R = decltype(r)::value;
+    constexpr int D = decltype(dim)::value, R = decltype(r)::value, St = decltype(stages)::value;
     Args<T> a{p,
               rows,
               launch.splits,
@@ -555,11 +664,12 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
               ws_o,
               ws_lse,
               fallbacks,
-              p.lse_elems()};
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value>();
-    fn<<<grid, kThreads, Smem<D, R>::kBytes>>>(a);
+              p.lse_elems(),
+              fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr};
+    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value>();
+    fn<<<grid, kThreads, Smem<D, R, St>::kBytes>>>(a);
     CHECK_LAUNCH();
-    if (launch.splits > 1) {
+    if (launch.splits > 1 && !fused_merge) {
       const int n = int(p.lse_elems());
       merge_kernel<T, D><<<(n + kMergeRows - 1) / kMergeRows, kThreads>>>(n, launch.splits, ws_o, ws_lse,
                                                                          static_cast<T*>(o), lse);

@@ -317,7 +317,7 @@ int main(int argc, char** argv) try {
               "Chapter 06: decoding attention (q_len 1..8 against a K/V cache of capacity --kv-len, default 4096), "
               "fp16/bf16, every kernel checked against the fp64 reference and timed next to a read-only ceiling.",
               defaults);
-  cli.add_option("--kernel", &f.kernel, "kernel to run: fa2_grid, split_kv, split_kv_gqa, unified_max, paged, or all");
+  cli.add_option("--kernel", &f.kernel, "kernel to run: fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, unified_max, paged, or all");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16 (Q, K, V, O; LSE is fp32)");
   cli.add_option("--kv-lens", &f.kv_lens, "context length of each batch entry, e.g. 4096,17,0,1 (default: all --kv-len)");
   cli.add_flag("--ragged", &f.ragged, "draw each entry's context length uniformly from 0..kv-len (entry 0 keeps kv-len)");

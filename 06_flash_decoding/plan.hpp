@@ -88,6 +88,15 @@ FA_HD float input_value(uint64_t seed, Tensor t, size_t index) {
   return 0.5f + (u - 0.5f) * 4.0f;
 }
 
+// Shared memory of one split block (README §7, §4.1), in bytes: per stage every warp's K and V chunk (rows padded
+// by kPadH 16-bit elements: 16 bytes keep the lane-per-key reads conflict-free), the block's Q rows (fp32), each
+// warp's P (fp32), and the warp merge's M, L and weights. stages = 2 is the double-buffered kernel.
+constexpr int kPadH = 8;
+constexpr int split_smem_bytes(int head_dim, int rows, int stages) {
+  return stages * kWarps * 2 * kKeysPerWarp * (head_dim + kPadH) * 2 + rows * head_dim * 4 +
+         kWarps * rows * kKeysPerWarp * 4 + 2 * rows * 4 + kWarps * rows * 4;
+}
+
 inline int row_bucket(int rows) { return rows <= 1 ? 1 : rows <= 4 ? 4 : kMaxRows; }
 inline int row_chunks(int rows) { return (rows + row_bucket(rows) - 1) / row_bucket(rows); }
 

@@ -2,7 +2,8 @@
 // same-dtype attention's error + floor, LSE within the fp32 tolerance) and, at q_len 1, against chapter 04's
 // fa2::forward (fp32, the same rounded inputs, one batch entry at a time for ragged lengths). Outputs and workspace
 // are NaN-poisoned before every run. Shapes: ragged lengths with 0 and 1, GQA 32/8 and MQA 32/1, causal q_len 4,
-// every split count 1..max, large logits that make the unified max fall back, page sizes 16..256, fp16 and bf16.
+// every split count 1..max, large logits that make the unified max fall back, page sizes 16..256, fp16 and bf16;
+// the double-buffered and fused-merge kernels bit for bit against the single-buffered one.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -141,6 +142,36 @@ TEST_CASE("06 gpu: large logits and a far phi make the unified max fall back, an
   const Fixture::Out r2 = far.run(k, 4, 200.f);
   CHECK(r2.fallbacks > 0);
   far.expect_right(r2, "unified_max, phi 200");
+}
+
+TEST_CASE("06 gpu: double buffering and the fused merge change no bit: split_kv_gqa = pipelined = fused") {
+  // The same arithmetic in the same order; only when each chunk is copied (pipelined) and which launch merges
+  // (fused: the last split block, through the same merge_row) differ. Ragged with an empty entry and
+  // entries shorter than one chunk per warp, MHA (1 row), GQA (4 rows), MQA (16 rows), causal q_len 4, every
+  // dtype and head_dim, splits 1 (O written directly), 3, 7 and the heuristic's.
+  struct Shape {
+    Problem p;
+    std::vector<int> lens;
+  };
+  const std::vector<Shape> shapes = {{make(4, 4, 4, 1, 1000, 64, false), {1000, 0, 1, 97}},
+                                     {make(2, 32, 8, 1, 777, 128, false), {777, 200}},
+                                     {make(2, 16, 1, 1, 520, 128, false), {5, 520}},
+                                     {make(3, 8, 2, 4, 300, 64, true), {300, 3, 0}}};
+  for (Dtype t : {Dtype::fp16, Dtype::bf16})
+    for (const Shape& sh : shapes) {
+      Fixture f(t, sh.p, sh.lens);
+      for (int s : {0, 1, 3, 7}) {
+        INFO(dtype_name(t), " ", describe(sh.p), " splits ", s);
+        const Fixture::Out plain = f.run(fdec::kernel_named("split_kv_gqa"), s);
+        for (const char* name : {"split_kv_pipelined", "split_kv_fused", "split_kv_fused"}) {  // fused twice: its
+          INFO("kernel ", name);  // counters must be back at zero after a launch
+          const Fixture::Out r = f.run(fdec::kernel_named(name), s);
+          f.expect_right(r, name);
+          CHECK(compare(r.o, to_double(plain.o), {0, 0}).ok());
+          CHECK(compare(r.lse, to_double(plain.lse), {0, 0}).ok());
+        }
+      }
+    }
 }
 
 TEST_CASE("06 gpu: the paged kernel equals the contiguous one for every page size") {

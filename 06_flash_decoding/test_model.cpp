@@ -192,10 +192,19 @@ TEST_CASE("06 model: the split heuristic") {
           CHECK(cost(s) <= kHeuristicSlack * best + 1e-12);
           for (int x = 1; x < s; ++x) CHECK(cost(x) > kHeuristicSlack * best - 1e-12);  // the smallest such s
         }
-  // On an H100 (132 SMs) with 2 blocks per SM: B=1 with 8 kv heads at 128k takes 32 splits = 256 of 264 slots
-  // (33 would fill all 264, but 32 is within 5% and leaves fewer partials to merge).
+  // On an H100 the slots are its 132 SMs (README §4). B=1 with 8 kv groups takes 16 splits = 128 blocks, one per
+  // SM, at 32k and at 128k (33 would fill two waves of 132 a little better, but 16 is within 5% and leaves half
+  // the partials); the sweep that motivated the rule measured 16 as the best count there.
+  CHECK(choose_splits(8, 32768, 132) == 16);
+  CHECK(choose_splits(8, 131072, 132) == 16);
+  // B=1 MHA, 32 unpacked heads: 4 splits (128 blocks). B=8, GQA 32/8: 64 groups, 2 splits (128 blocks).
+  CHECK(choose_splits(32, 131072, 132) == 4);
+  CHECK(choose_splits(8 * 8, 32768, 132) == 2);
+  // B=8 MHA: 256 blocks already give every SM a block (the measured table: not splitting was 0.4-2.4% faster than
+  // the 3 splits that counting resident blocks chose).
+  CHECK(choose_splits(8 * 32, 131072, 132) == 1);
+  // Counting resident blocks as slots (2 per SM) would have chosen 32 for the same B=1 GQA shape.
   CHECK(choose_splits(8, 131072, 264) == 32);
-  CHECK(choose_splits(8 * 32, 131072, 264) == 1);
 }
 
 TEST_CASE("06 model: bytes read per decode step") {
@@ -226,4 +235,25 @@ TEST_CASE("06 model: the device-made inputs have the project's statistics and di
   CHECK(var == doctest::Approx(16.0 / 12).epsilon(0.02));
   CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(5, fdec::Tensor::v, 7));
   CHECK(fdec::input_value(5, fdec::Tensor::k, 7) != fdec::input_value(6, fdec::Tensor::k, 7));
+}
+
+TEST_CASE("06 model: shared memory of the split blocks (README §4.1, §7, exercise 1)") {
+  using fdec::split_smem_bytes;
+  constexpr int kSm80 = 166912, kSm86 = 101376, kSm90 = 232448;  // opt-in bytes per block: 163, 99, 227 KB
+  constexpr int kSm90PerSm = 233472, kReservedPerBlock = 1024;      // 228 KB per SM, 1 KB of it per block
+  // One stage, 16 rows, d = 128: 86,400 bytes, so two blocks fit on an H100 SM (what the occupancy API reported).
+  CHECK(split_smem_bytes(128, 16, 1) == 86400);
+  CHECK(2 * (split_smem_bytes(128, 16, 1) + kReservedPerBlock) <= kSm90PerSm);
+  CHECK(3 * (split_smem_bytes(128, 16, 1) + kReservedPerBlock) > kSm90PerSm);
+  // Two stages: 156,032 bytes (152 KB) at d = 128 and 16 rows: sm_80 and sm_90 hold it, sm_86/89 do not; one per SM.
+  CHECK(split_smem_bytes(128, 16, 2) == 156032);
+  CHECK(split_smem_bytes(128, 16, 2) <= kSm80);
+  CHECK(split_smem_bytes(128, 16, 2) > kSm86);
+  CHECK(2 * (split_smem_bytes(128, 16, 2) + kReservedPerBlock) > kSm90PerSm);
+  // At d = 64 two stages fit everywhere (sm_86 included).
+  CHECK(split_smem_bytes(64, 16, 2) <= kSm86);
+  // Exercise 1: three stages (225,664 bytes) fit sm_90's 227 KB, not sm_80's 163 KB.
+  CHECK(split_smem_bytes(128, 16, 3) == 225664);
+  CHECK(split_smem_bytes(128, 16, 3) <= kSm90);
+  CHECK(split_smem_bytes(128, 16, 3) > kSm80);
 }

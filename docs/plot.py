@@ -83,6 +83,8 @@ LABELS = {
     ("06", "fa2_grid"): "06 FA2's grid (no split)",
     ("06", "split_kv"): "06 split-KV",
     ("06", "split_kv_gqa"): "06 split-KV, GQA heads packed",
+    ("06", "split_kv_pipelined"): "06 split-KV, GQA packed, double-buffered K/V",
+    ("06", "split_kv_fused"): "06 split-KV, double-buffered, merge in the split kernel",
     ("06", "unified_max"): "06 unified max (FlashDecoding++)",
     ("06", "paged"): "06 paged KV cache",
     ("torch", "sdpa"): "PyTorch SDPA (backend it picks)",
@@ -500,19 +502,22 @@ def decode_06(rows, gpu, path_n, path_splits):
     if split:
         fig, ax = plt.subplots(figsize=(7.5, 4.6))
         groups = OrderedDict()
-        for r in split:
-            key = (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["dtype"])
+        for r in split:  # one line per swept kernel and shape ("split_kv_gqa/s16*": kernel split_kv_gqa, 16 splits)
             m = SPLIT_KERNEL.search(r["kernel"])
+            key = (r["kernel"][:m.start()].rstrip("/_-"), r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["dtype"])
             groups.setdefault(key, []).append((int(m.group(1)), r["gbps"], m.group(2) == "*"))
-        for (B, H, Hkv, Nq, Nk, d, dtype), pts in groups.items():
+        drawn_ceilings = set()
+        for (kernel, B, H, Hkv, Nq, Nk, d, dtype), pts in groups.items():
             pts.sort()
             line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
-                           label=f"B={B} H={H}/{Hkv} q_len={Nq} Nk={Nk} d={d} {dtype}")[0]
+                           label=f"{kernel}: B={B} H={H}/{Hkv} q_len={Nq} Nk={Nk} d={d} {dtype}")[0]
             for p in [p for p in pts if p[2]]:
                 ax.plot([p[0]], [p[1]], marker="*", markersize=14, color=line.get_color(), linestyle="none",
                         label=f"the heuristic's choice: {p[0]} splits")
-            top = [r for r in ceiling if (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["dtype"]) == (B, H, Hkv, Nq, Nk, d, dtype)]
-            if top:
+            shape = (B, H, Hkv, Nq, Nk, d, dtype)
+            top = [r for r in ceiling if (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["dtype"]) == shape]
+            if top and shape not in drawn_ceilings:  # one ceiling line per shape, however many kernels were swept
+                drawn_ceilings.add(shape)
                 ax.axhline(top[0]["gbps"], color="gray", linewidth=1.2,
                            label=f"read-only bandwidth kernel, same shape: {top[0]['gbps']:.0f} GB/s")
         pow2_ticks(ax, {p[0] for pts in groups.values() for p in pts})
