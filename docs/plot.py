@@ -297,9 +297,12 @@ def measured_read_gbps(rows):
 def roofline_points(rows):
     """fp32 rows that have both a FLOP count and a traffic model; intensity = FLOPs / model HBM bytes. The roof
     drawn is the fp32 FMA rate: the fp16/bf16 rows of chapters 05 and 06 run on tensor cores or are reads of a
-    cache, and their pages show them against their own baselines."""
+    cache, and their pages show them against their own baselines. Chapter 04's block-sparse rows are the dense
+    kernel skipping tiles: their own figure (block_sparse_04) shows them against it."""
     pts = []
     for r in rows:
+        if BSPARSE_KERNEL.match(r["kernel"]):
+            continue
         if r["dtype"] == "fp32" and r["tflops"] > 0 and r["model_hbm_bytes"] > 0:
             pts.append(dict(r, ai=flops(r) / r["model_hbm_bytes"]))
     return pts
