@@ -17,14 +17,16 @@ One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, wi
     <g>_05_fwd_<dtype>.png     chapter 05's steps and PyTorch's backends, TFLOP/s against N
     <g>_06_bandwidth.png       chapter 06, GB/s of K and V read against the cache length, the read-only ceiling
     <g>_06_splits.png          chapter 06, GB/s against the number of KV splits
+    <g>_04_block_sparse.png    chapter 04's block-sparse kernels, time against block density, next to the dense
+                               kernels on the same shape (04_fa2/README.md, section 6)
     <g>_io.png                 predicted against measured HBM bytes (io_counters.py), from <gpu>_io.csv, which
                                scripts/io_counters.sh writes: drawn only where that file exists
-The 05 and 06 figures are drawn only when the CSV has rows of those chapters. The diagrams that come from no
+The 05, 06 and block-sparse figures are drawn only when the CSV has rows of them. The diagrams that come from no
 CSV (the map of the chapters, the FlashAttention-3 schedules) are drawn by docs/figures.py, which this script
 runs too, so one command regenerates every committed PNG.
 
 Duplicated rows: two programs of one run may measure the same kernel on the same shape (chapter 02's program
-and chapter 04's both time 02's kernel, under two kernel names). Rows are keyed by GPU, the kernel's human
+and chapter 04's both time 02's kernel; 04's block-sparse runs each time the dense kernels again). Rows are keyed by GPU, the kernel's human
 name (the LABELS table below, which maps both names to one), pass, dtype and shape; the first row of a key
 in file order is the canonical one and the later ones are dropped (the script says how many).
 """
@@ -59,10 +61,7 @@ LABELS = {
     ("01", "fused_fa1_form"): "01 fused row, FA1 form",
     ("01", "fused_fa2_form"): "01 fused row, FA2 form",
     ("02", "fa1_forward"): "02 FA1 forward",
-    ("02", "fa1"): "02 FA1 forward",
     ("03", "fa1_backward"): "03 FA1 backward",
-    ("03", "fa1"): "03 FA1 backward",
-    ("04", "fa2"): "04 FA2",
     ("04", "v4_micro_tile"): "04 FA2",
     ("04", "v1_loop_swap"): "04 v1 loops swapped",
     ("04", "v2_deferred_norm"): "04 v2 + deferred normalisation",
@@ -302,9 +301,12 @@ def measured_read_gbps(rows):
 def roofline_points(rows):
     """fp32 rows that have both a FLOP count and a traffic model; intensity = FLOPs / model HBM bytes. The roof
     drawn is the fp32 FMA rate: the fp16/bf16 rows of chapters 05 and 06 run on tensor cores or are reads of a
-    cache, and their pages show them against their own baselines."""
+    cache, and their pages show them against their own baselines. Chapter 04's block-sparse rows are the dense
+    kernel skipping tiles: their own figure (block_sparse_04) shows them against it."""
     pts = []
     for r in rows:
+        if BSPARSE_KERNEL.match(r["kernel"]):
+            continue
         if r["dtype"] == "fp32" and r["tflops"] > 0 and r["model_hbm_bytes"] > 0:
             pts.append(dict(r, ai=flops(r) / r["model_hbm_bytes"]))
     return pts
@@ -534,6 +536,62 @@ def decode_06(rows, gpu, path_n, path_splits):
     return out
 
 
+# Chapter 04's block-sparse rows: "bsparse_<mode>_s<density>" (04_fa2/main.cu), mode fwd, atomic_dq or determ_dq.
+BSPARSE_KERNEL = re.compile(r"^bsparse_(fwd|atomic_dq|determ_dq)_s([0-9.]+)$")
+BSPARSE_DENSE = {"fwd": "v4_micro_tile", "atomic_dq": "fa2_atomic_dq", "determ_dq": "fa2_determ_dq"}
+
+
+def block_sparse_04(rows, gpu, path):
+    """Time against block density s for each block-sparse kernel, its dense kernel at s = 1 (same shape), and
+    the dense time scaled by s (what skipping tiles would give if nothing else cost time). Log-log axes: the
+    scaled line is a diagonal, and the low densities do not crowd together."""
+    shape_of = lambda r: (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"], r["dtype"])  # noqa: E731
+    pts = defaultdict(list)
+    for r in rows:
+        m = BSPARSE_KERNEL.match(r["kernel"]) if r["chapter"] == "04" else None
+        if m:
+            pts[(m.group(1), shape_of(r))].append((float(m.group(2)), r["ms"]))
+    if not pts:
+        return None
+    names = {"fwd": "forward", "atomic_dq": "atomic dQ", "determ_dq": "deterministic dQ"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    for ax, (which, title) in zip(axes, (("fwd", "forward"), ("bwd", "backward"))):
+        modes = [k for k in sorted(pts) if (k[0] == "fwd") == (which == "fwd")]
+        if not modes:
+            ax.axis("off")
+            continue
+        for k, ((mode, shape), color) in enumerate(zip(modes, ("tab:blue", "tab:green", "tab:orange"))):
+            xy = sorted(pts[(mode, shape)])
+            ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", color=color, label=f"block-sparse, {names[mode]}")
+            dense = [r for r in rows if r["chapter"] == "04" and r["kernel"] == BSPARSE_DENSE[mode]
+                     and shape_of(r) == shape]
+            if not dense:
+                continue
+            t = dense[0]["ms"]
+            ax.plot([1.0], [t], marker="s", color=color, linestyle="none", label=f"dense, {names[mode]}")
+            lo = min(x for x, _ in xy)
+            ax.plot([lo, 1], [t * lo, t], color=color, linestyle=":", linewidth=1, label=f"dense × s, {names[mode]}")
+            for x, y in xy:  # the speed-up over dense; the second kernel's labels go above its points
+                ax.annotate(f"{t / y:.1f}×", xy=(x, y), xytext=(5, 6 if k else -11), textcoords="offset points",
+                            fontsize=7, color=color)
+        B, H, Hkv, Nq, Nk, d, causal, dtype = modes[0][1]
+        ax.set_title(f"{title}, B={B} H={H} N={Nq} d={d}{' causal' if causal else ''} {dtype}", fontsize=10)
+        ax.set_xscale("log")
+        log_y(ax, ticks=(1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 300, 500))
+        ticks = [0.05, 0.1, 0.2, 0.5, 1.0]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.set_xlabel("block density s (fraction of tiles computed, log scale)")
+        ax.set_ylabel("time (ms, log scale)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"04 block-sparse against dense (× = dense time / block-sparse time), on {gpu}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 HEADLINE = {  # pass -> [(label, column name)]
     "fwd": [("00 standard attention (S, P in HBM)", "00 naive"), ("01 fused row, FA2 form", "01 fused row (FA2 form)"),
             ("02 FA1 forward", "02 FA1"), ("04 FA2", "04 FA2"), ("PyTorch SDPA (backend it picks)", "PyTorch SDPA")],
@@ -577,6 +635,7 @@ def plot_csv(path, out_dir, table=False, readme=False):
     for dtype in sorted({r["dtype"] for r in rows if r["chapter"] == "05"}):
         written += [ladder_05(rows, gpu, dtype, p(f"05_ladder_{dtype}")), fwd_05(rows, gpu, dtype, p(f"05_fwd_{dtype}"))]
     written += decode_06(rows, gpu, p("06_bandwidth"), p("06_splits"))
+    written.append(block_sparse_04(rows, gpu, p("04_block_sparse")))
     return [w for w in written if w]
 
 

@@ -9,7 +9,7 @@
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
-# All chapters take about 25 minutes on an H100 (00-04 about 8, 05 about 14, 06 about 3).
+# All chapters take about 25 minutes on an H100 (00-04 about 10, 05 about 14, 06 about 3).
 set -uo pipefail
 usage() { sed -n '2,13s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=00,01,02,03,04,05,06
