@@ -78,6 +78,8 @@ add 03 "$B/03_fa1_backward/fa1_backward --batch 2 --heads 16 --q-len 32768 --war
 # blocks: FA1's best case), the sweep N x d x causal, one long sequence with few heads, and GQA
 add 04 "$B/04_fa2/fa2 --kernel all --backward"
 add 04 "$B/04_fa2/fa2 --kernel all --batch 4 --heads 32 --backward"
+add 04 "$B/04_fa2/fa2 --kernel all --head-dim 128 --iters 10 --warmup 2"
+add 04 "$B/04_fa2/fa2 --kernel all --batch 4 --heads 32 --head-dim 128 --iters 10 --warmup 2"
 add 04 "$B/04_fa2/fa2 --sweep --backward --iters 5 --warmup 1"
 add 04 "$B/04_fa2/fa2 --batch 1 --heads 2 --q-len 16384 --no-previous"
 add 04 "$B/04_fa2/fa2 --heads 8 --kv-heads 2 --q-len 4096 --causal --backward --no-previous"
