@@ -522,7 +522,8 @@ def decode_06(rows, gpu, path_n, path_splits):
                 drawn_ceilings.add(shape)
                 ax.axhline(top[0]["gbps"], color="gray", linewidth=1.2,
                            label=f"read-only bandwidth kernel, same shape: {top[0]['gbps']:.0f} GB/s")
-        pow2_ticks(ax, {p[0] for pts in groups.values() for p in pts})
+        counts = {p[0] for pts in groups.values() for p in pts}  # label powers of 2 and the heuristic's choices
+        pow2_ticks(ax, {c for c in counts if c & (c - 1) == 0} | {p[0] for pts in groups.values() for p in pts if p[2]})
         ax.set_ylim(bottom=0)
         ax.set_xlabel("number of KV splits (log scale)")
         ax.set_ylabel("GB/s (K and V bytes read / time)")
