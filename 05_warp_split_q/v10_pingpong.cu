@@ -9,16 +9,18 @@
 // O~ is rescaled only after that product has completed; P_j is packed only after P_{j-1} (its registers) has been
 // read; K_j and V_j have their own "empty" barriers because K_j is free one product earlier than V_j.
 //
-// Computes, for one Q block Q_i of Br = 128 rows (README, Algorithm 1), per consumer warpgroup:
-//   line 1   producer: TMA Q_i (once); then K_j, V_j into buffer j % 2 once the consumers have freed them
-//   line 2   m_i = -inf, l_i = 0, O~_i = 0
-//   line 3   for each K/V block j
-//   line 4     wait full_k[j % 2] (and full_v of tile j - 1); wait for this warpgroup's turn
-//   line 5     issue S_ij = Q_i K_j^T; issue O~_i += P_i(j-1) V_(j-1)      then pass the turn to the other warpgroup
-//   line 6     when S_ij is done: m_new, P_ij = exp(S_ij - m_new), l_i  (the PV product still running)
-//   line 7     when P V is done: O~_i = exp(m_i - m_new) O~_i; release V_(j-1); P_ij -> registers of the next PV
-//   line 8   after the loop: O~_i += P_i(last) V_last
-//   line 9   O_i = O~_i / l_i, L_i = m_i + log l_i                  (l_i = 0: O = 0, L = -inf)
+// Computes, for one Q block Q_i of Br = 128 rows, per consumer warpgroup, the lines of README Algorithm 1 in a
+// new order (iteration j does line 8 of tile j - 1):
+//   line 1     producer: TMA Q_i (once); then K_j, V_j into buffer j % 2 once the consumers have freed them
+//   line 2     m_i = -inf, l_i = 0, O~_i = 0
+//   line 3     for each K/V block j
+//   line 4       wait full_k[j % 2] (and full_v of tile j - 1); wait for this warpgroup's turn
+//   line 5       issue S_ij = Q_i K_j^T
+//   line 8 (j-1) issue O~_i += P_i(j-1) V_(j-1)                 then pass the turn to the other warpgroup
+//   lines 6-7    when S_ij is done: m_new, P_ij = exp(S_ij - m_new), l_i   (the P V product still running)
+//   line 8 (j)   when P V is done: O~_i = exp(m_i - m_new) O~_i; release V_(j-1); P_ij -> registers of the next PV
+//   line 8 (last) after the loop: O~_i += P_i(last) V_last
+//   line 9     O_i = O~_i / l_i, L_i = m_i + log l_i              (l_i = 0: O = 0, L = -inf)
 // Thread mapping as in step 9: consumer warpgroups 0 and 1 (rows 64 w .. 64 w + 63), producer warpgroup 2.
 // Shared memory as in step 9: (128 + 4 x 128) x d x 2 B = 80 KiB (d = 64), 160 KiB (d = 128), plus 9 mbarriers.
 #include "launch.cuh"
@@ -37,10 +39,12 @@ constexpr int kConsumers = 2;            // consumer warpgroups
 constexpr int kRowsPerConsumer = Br / kConsumers;
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (warpgroup 2)
-// Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. An SM
-// has 64 Ki registers: 128 x 40 + 256 x 232 = 64,512. (Launched with 384 threads, every thread starts at 168.)
+// Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. The
+// block starts with 384 x 168 = 64,512 registers and keeps that total: 128 x 40 + 256 x 232 = 64,512.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // what __launch_bounds__(kThreads, 1) gives each thread
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "the SM's register file");
+static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+              "setmaxnreg only moves registers the block already holds: more would make the consumers wait forever");
 constexpr int kStages = 2;               // K/V buffers: the tile being computed and the one being loaded
 constexpr int kTurnBarrier = 1;         // named barriers 1 and 2 (0 is __syncthreads')
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
@@ -129,8 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float scale_log2 = p.softmax_scale() * kLog2e;     // S in base-2 units
   mbar_wait(full_q, 0);
 
-
-  // The turn barriers: warpgroup w waits on kTurn + w before issuing its products and then arrives on the other's.
+  // The turn barriers: warpgroup w waits on kTurnBarrier + w before issuing its products and then arrives on the other's.
   // Warpgroup 1 arrives once up front, so warpgroup 0 goes first; its last arrive is left out (nobody waits).
   const int my_turn = kTurnBarrier + wg, other_turn = kTurnBarrier + 1 - wg;
   if (wg == 1 && n_tiles > 0) named_bar_arrive(other_turn, kConsumerThreads);
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_rs<T, D>(acc, pf[kk], desc_mn_major(Vs_j + 16 * kk * kPanelCols, Bc * kPanelCols * 2));
     wgmma_commit();
   };
-  // line 6 for tile j: mask, m_new, P_ij = exp(S_ij - m_new) in place of S, l_i; alpha = exp(m_i - m_new) per row.
+  // lines 6-7 for tile j: mask, m_new, P_ij = exp(S_ij - m_new) in place of S, l_i; alpha = exp(m_i - m_new) per row.
   auto softmax = [&](int tile, float (&alpha)[2]) {
     const int j0 = tile * Bc;
     // S's C fragment: n-tile n, element e -> row r0 + 8 (e / 2), key j0 + 8 n + 2 t + e % 2. Only a tile that
@@ -184,8 +187,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       m[r] = m_new;
     }
   };
-  // line 7 (once the P V product in flight is done): rescale O~, and P_ij -> A fragments (S's n-tiles 2 kk and
-  // 2 kk + 1 are keys 16 kk .. 16 kk + 15, as in step 5).
+  // line 8's rescale (once the P V product in flight is done): rescale O~, and P_ij -> A fragments (S's n-tiles
+  // 2 kk and 2 kk + 1 are keys 16 kk .. 16 kk + 15, as in step 5). All of P is packed before the next wgmma: a
+  // register written between two wgmma would make ptxas wait for the first.
   auto rescale_and_pack = [&](const float (&alpha)[2]) {
     #pragma unroll
     for (int n = 0; n < kTilesO; ++n)
@@ -223,13 +227,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();  // S_ij is done (the older group); P V may still run
     fence_operands(s_acc);
     mbar_arrive(&empty_k[tile % kStages]);  // this thread is done with K_j
-    softmax(tile, alpha);                   // line 6, while P V runs
-    wgmma_wait<0>();                        // line 7
+    softmax(tile, alpha);                   // lines 6-7, while P V runs
+    wgmma_wait<0>();                        // line 8's rescale
     fence_operands(acc);
     mbar_arrive(&empty_v[prev % kStages]);  // this thread is done with V_(j-1)
     rescale_and_pack(alpha);
   }
-  if (n_tiles > 0) {  // line 8: the last tile's P V
+  if (n_tiles > 0) {  // line 8 of the last tile: its P V
     const int last = n_tiles - 1;
     mbar_wait(&full_v[last % kStages], (last / kStages) & 1);
     wgmma_fence();

@@ -5,9 +5,10 @@
 //     operand registers except P, which stays in registers exactly as in step 5 (C layout of S = A layout of P).
 //   * TMA instead of cp.async: one thread asks the copy engine for a whole tile (a box of the tensor); the
 //     engine swizzles it into shared memory and counts the bytes on an mbarrier that the consumers wait on.
-//   * warp specialisation: a producer warp only issues copies, two consumer warpgroups only compute; they meet at
-//     mbarriers (full[s]: tile s has landed; empty[s]: every consumer is done with buffer s), so the copy of tile
-//     j + 1 runs while tile j is computed without any block-wide __syncthreads.
+//   * warp specialisation: a producer warpgroup (one of its threads) only issues copies, two consumer warpgroups
+//     only compute; they meet at mbarriers (full_k[s], full_v[s]: K_j, V_j in buffer s have landed - two barriers,
+//     so that S = Q K_j^T can start before V_j is there; empty[s]: every consumer is done with buffer s), so the
+//     copy of tile j + 1 runs while tile j is computed without any block-wide __syncthreads.
 //
 // Computes, for one Q block Q_i of Br = 128 rows (README, Algorithm 1):
 //   line 1   producer: TMA Q_i (once); then K_j, V_j into buffer j % 2 once the consumers have freed it
@@ -22,8 +23,10 @@
 //   line 9   O_i = O~_i / l_i, L_i = m_i + log l_i                  (l_i = 0: O = 0, L = -inf)
 // Thread mapping: 384 threads = consumer warpgroups 0 and 1 (warps 0-7; warpgroup w owns rows 64 w .. 64 w + 63,
 // warp k of it rows 16 k .. 16 k + 15 with lane (g, t) holding rows g and g + 8 as in mma.sync's C fragment) and
-// the producer warpgroup 2 (one lane issues every copy). The producer gives registers back (setmaxnreg) so that
-// each consumer thread can hold O~ (d / 2 floats), S (64 floats) and P (32 registers) without spilling.
+// the producer warpgroup 2 (one lane issues every copy). __launch_bounds__(384, 1) gives every thread 168
+// registers (65536 / 384, rounded down to a multiple of 8); the producer gives most of its share back
+// (setmaxnreg) so that each consumer thread can hold O~ (d / 2 floats), S (64 floats) and P (32 registers)
+// without spilling.
 // Shared memory: Q_i Br x d, and 2 buffers each of K_j and V_j, Bc x d, 16-bit, as 64-column panels (tma_host.cuh):
 // (128 + 4 x 128) x d x 2 B = 80 KiB (d = 64), 160 KiB (d = 128), plus 7 mbarriers and 1 KiB of alignment slack.
 #include "launch.cuh"
@@ -42,10 +45,12 @@ constexpr int kConsumers = 2;            // consumer warpgroups
 constexpr int kRowsPerConsumer = Br / kConsumers;
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (warpgroup 2)
-// Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. An SM
-// has 64 Ki registers: 128 x 40 + 256 x 232 = 64,512. (Launched with 384 threads, every thread starts at 168.)
+// Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. The
+// block starts with 384 x 168 = 64,512 registers and keeps that total: 128 x 40 + 256 x 232 = 64,512.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // what __launch_bounds__(kThreads, 1) gives each thread
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "the SM's register file");
+static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+              "setmaxnreg only moves registers the block already holds: more would make the consumers wait forever");
 constexpr int kStages = 2;               // K/V buffers: the tile being computed and the one being loaded
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 static_assert(kRowsPerConsumer == 64, "a wgmma has M = 64: one consumer warpgroup per 64 rows");

@@ -26,7 +26,9 @@ namespace wsq::sm90 {
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
-// Makes the initialised barriers visible to the TMA unit (the "async proxy") before any copy uses them.
+// Makes the initialised barriers visible to the TMA unit before any copy uses them. (PTX calls the path the TMA
+// unit and wgmma take to memory the "async proxy", as opposed to the threads' own loads and stores; a fence is
+// what orders the two.)
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
@@ -70,7 +72,10 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 }
 
 // ---- TMA: copy the box at coordinates (c0 innermost, c1, c2) of the tensor `map` describes into shared memory at
-// dst; the bytes are counted on `bar`. Elements outside the tensor are written as zeros (a tail tile). ----
+// dst; the bytes are counted on `bar`. Elements outside the tensor are written as zeros (a tail tile). The
+// ".shared::cluster" form is the one PTX offers for tensor copies; a block launched without clusters is a
+// cluster of one, so its own shared-memory address is a valid destination. `map` must live in kernel parameter
+// (or constant/global) memory: the kernels take it as a `const __grid_constant__ CUtensorMap`. ----
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
@@ -81,9 +86,13 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
 
 // ---- wgmma matrix descriptors for tiles stored as TMA writes them with 128-byte swizzle: "panels" of 64 16-bit
 // columns (128 bytes a row), rows 128 bytes apart, 8-row atoms of 1024 bytes (16-byte chunk c of row r sits at
-// chunk c XOR (r % 8)). Every panel starts on a 1024-byte boundary, so the descriptor's base offset is 0.
-// Bits: 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4, 62-63 swizzle
-// (1 = 128 B). ----
+// chunk c XOR (r % 8)). The tensor cores apply that XOR to the address bits themselves (bits 4-6 XOR bits 7-9), so
+// a descriptor may start anywhere inside a row - 32 bytes further for the next 16 columns - as long as the atom
+// pattern starts on a 1024-byte boundary: every panel does, so the descriptor's base offset (bits 49-51) stays 0.
+// "K-major": the reduction index k runs along a 128-byte row (Q, K); "MN-major": k runs down the rows (V, whose
+// row j is key j): the same distinction as ldmatrix with or without .trans in step 2.
+// Bits: 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base
+// offset (0), 62-63 swizzle (1 = 128 B). ----
 __device__ __forceinline__ uint64_t desc_encode(uint32_t x) { return (x & 0x3FFFF) >> 4; }
 constexpr uint32_t kAtomBytes = 1024;  // 8 rows x 128 bytes
 // K-major operand (the reduction index k runs along a row: Q for S = Q K^T as A, K as B): rows (M or N) in groups of
@@ -100,8 +109,12 @@ __device__ __forceinline__ uint64_t desc_mn_major(const void* tile, uint32_t pan
          (uint64_t(1) << 62);
 }
 
-// ---- wgmma: issue, commit, wait. The accumulators are written asynchronously: between the mma and the wait the
-// compiler must neither read nor move them, which fence_operands() (an empty asm that "changes" them) enforces. ----
+// ---- wgmma: issue, commit, wait. wgmma.mma_async only issues a product; commit_group closes the products issued
+// since the last commit into one group, and wait_group N returns once at most the N newest groups are still
+// running (groups finish in order, so wait_group 1 means "all but the last group are done"). wgmma.fence must
+// come before the first wgmma that reads registers (A = P, or accumulators) written by ordinary instructions.
+// The accumulators are written asynchronously: between the mma and the wait the compiler must neither read nor
+// move them, which fence_operands() (an empty asm that "changes" them) enforces. ----
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
