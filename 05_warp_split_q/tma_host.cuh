@@ -13,10 +13,9 @@
 
 #include "cuda_check.cuh"
 #include "lowp.cuh"
+#include "sm90_layout.hpp"
 
 namespace wsq::sm90 {
-
-constexpr int kPanelCols = 64;  // 16-bit columns per 128-byte swizzled row: the box's inner size (TMA's limit)
 
 // Map of a [planes][rows][head_dim] 16-bit tensor (planes = batch x heads), read in boxes of kPanelCols columns x
 // box_rows rows of one plane, written to shared memory with the 128-byte swizzle that the wgmma descriptors of

@@ -143,9 +143,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* Ks_j = Ks + (tile % kStages) * L::kPanels * Bc * kPanelCols;
     #pragma unroll
     for (int kk = 0; kk < kStepsQK; ++kk) {
-      const int panel = kk / 4, byte = 32 * (kk % 4);  // 4 k16 steps per 128-byte row
-      const auto* q_at = reinterpret_cast<const unsigned char*>(Qs_wg + panel * Br * kPanelCols) + byte;
-      const auto* k_at = reinterpret_cast<const unsigned char*>(Ks_j + panel * Bc * kPanelCols) + byte;
+      const auto* q_at = reinterpret_cast<const unsigned char*>(Qs_wg) + k_major_step(kk, Br);  // sm90_layout.hpp
+      const auto* k_at = reinterpret_cast<const unsigned char*>(Ks_j) + k_major_step(kk, Bc);
       wgmma_ss_n128<T>(s_acc, desc_k_major(q_at), desc_k_major(k_at), kk > 0);
     }
     wgmma_commit();
@@ -154,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* Vs_j = Vs + (tile % kStages) * L::kPanels * Bc * kPanelCols;
     #pragma unroll
     for (int kk = 0; kk < kStepsPV; ++kk)  // B = V_j rows 16 kk .. 16 kk + 15 (two 8-row atoms), all d columns
-      wgmma_rs<T, D>(acc, pf[kk], desc_mn_major(Vs_j + 16 * kk * kPanelCols, Bc * kPanelCols * 2));
+      wgmma_rs<T, D>(acc, pf[kk],
+                     desc_mn_major(reinterpret_cast<const unsigned char*>(Vs_j) + mn_major_step(kk), panel_bytes(Bc)));
     wgmma_commit();
   };
   // lines 6-7 for tile j: mask, m_new, P_ij = exp(S_ij - m_new) in place of S, l_i; alpha = exp(m_i - m_new) per row.

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "ptx.cuh"  // smem_addr
+#include "sm90_layout.hpp"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "wgmma.cuh needs sm_90a: compile with -arch=sm_90a (CMake: CUDA_ARCHITECTURES 90a)"
@@ -91,22 +92,16 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
 // pattern starts on a 1024-byte boundary: every panel does, so the descriptor's base offset (bits 49-51) stays 0.
 // "K-major": the reduction index k runs along a 128-byte row (Q, K); "MN-major": k runs down the rows (V, whose
 // row j is key j): the same distinction as ldmatrix with or without .trans in step 2.
-// Bits: 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base
-// offset (0), 62-63 swizzle (1 = 128 B). ----
-__device__ __forceinline__ uint64_t desc_encode(uint32_t x) { return (x & 0x3FFFF) >> 4; }
-constexpr uint32_t kAtomBytes = 1024;  // 8 rows x 128 bytes
+// The bit fields and the step offsets: sm90_layout.hpp, checked on the CPU by test_sm90_layout.cpp. ----
 // K-major operand (the reduction index k runs along a row: Q for S = Q K^T as A, K as B): rows (M or N) in groups of
 // 8 are kAtomBytes apart (stride byte offset); the 16 k-values of one instruction lie inside one 128-byte row, so
-// the leading byte offset is unused (1 by convention). Step k16 of a panel starts 32 bytes further.
-__device__ __forceinline__ uint64_t desc_k_major(const void* tile) {
-  return desc_encode(smem_addr(tile)) | (uint64_t(1) << 16) | (desc_encode(kAtomBytes) << 32) | (uint64_t(1) << 62);
-}
+// the leading byte offset is unused. Step k16 of a panel starts 32 bytes further (sm90_layout.hpp: k_major_step).
+__device__ __forceinline__ uint64_t desc_k_major(const void* tile) { return k_major_desc(smem_addr(tile)); }
 // MN-major operand (k runs down the rows, N along them: V as B of O += P V, row j = key j): 8 rows (k) per atom,
-// atoms kAtomBytes apart along k (stride byte offset), panels of 64 N-columns `panel_bytes` apart (leading byte
-// offset). Step k16 starts 2 atoms (16 rows) further.
-__device__ __forceinline__ uint64_t desc_mn_major(const void* tile, uint32_t panel_bytes) {
-  return desc_encode(smem_addr(tile)) | (desc_encode(panel_bytes) << 16) | (desc_encode(kAtomBytes) << 32) |
-         (uint64_t(1) << 62);
+// atoms kAtomBytes apart along k (stride byte offset), panels of 64 N-columns `panel` bytes apart (leading byte
+// offset). Step k16 starts 2 atoms (16 rows) further (mn_major_step).
+__device__ __forceinline__ uint64_t desc_mn_major(const void* tile, uint32_t panel) {
+  return mn_major_desc(smem_addr(tile), panel);
 }
 
 // ---- wgmma: issue, commit, wait. wgmma.mma_async only issues a product; commit_group closes the products issued
