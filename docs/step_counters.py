@@ -10,7 +10,8 @@ other subcommands:
     collect --gpu G --out CSV --steps a,b,... D=RAW_CSV=LOG ...
                                      pairs the Nth launch of chapter 05's `kernel` in each ncu report (its raw page,
                                      RAW_CSV) with the Nth step, checks that LOG (the program's output) checked those
-                                     steps in that order, writes CSV and prints the tables
+                                     steps in that order, writes CSV and prints the tables: one counter per step
+                                     (EXPLAINS), then every counter, one table per head dim
 
 The CSV (docs/results/<gpu>_steps.csv) has one row per step, head dim and metric: gpu, step, d, metric, value, unit.
 Values are in the unit named (time in ns, bytes in byte; ncu's own unit otherwise, never scaled).
@@ -40,6 +41,7 @@ NAMES = [
     "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
     "dram__bytes_read.sum",
     "dram__bytes_write.sum",
+    "sm__inst_executed.sum",  # warp instructions
 ]
 # The tables' columns: (header, the metrics added up, scale from the CSV's unit, digits). Stall columns are warps
 # stalled for that reason per issued instruction (ncu's "per issue active" ratios).
@@ -48,6 +50,7 @@ COLUMNS = [
     ("tensor pipe %", NAMES[1:2], 1, 1),
     ("HMMA pipe %", NAMES[2:3], 1, 1),
     ("issue slots %", NAMES[3:4], 1, 1),
+    ("instructions (M)", NAMES[14:15], 1e-6, 1),
     ("occupancy %", NAMES[4:5], 1, 1),
     ("smem wavefronts (M)", NAMES[5:6], 1e-6, 1),
     ("bank conflicts (M)", NAMES[6:7], 1e-6, 1),
@@ -63,6 +66,22 @@ KERNEL = "kernel"  # every step's kernel is wsq::(anonymous namespace)::kernel<.
 TIME = {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}
 BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+# The one counter that should explain each step's gain over the step before it (05's README, sections 3 and 4):
+# step -> (column, what it should show).
+EXPLAINS = {
+    "split_k": ("barrier", "the warps' partial O, m, l are added up through shared memory, between barriers"),
+    "v1_mma": ("barrier", "split-Q: each warp owns its rows, no reduction between warps"),
+    "v2_ldmatrix": ("bank conflicts (M)", "fewer load instructions, the same 8-way conflicts"),
+    "v3_swizzle": ("bank conflicts (M)", "the XOR swizzle: no conflicts"),
+    "v4_cp_async": ("long sb", "K_j+1, V_j+1 copied while K_j, V_j are used: fewer waits on global loads"),
+    "v5_regs_p": ("smem wavefronts (M)", "P stays in registers: its store and reloads are gone"),
+    "v6_exp2": ("instructions (M)", "one ex2 and a subtract per element instead of expf's multiply"),
+    "v7_tiles": ("occupancy %", "Br = 128: 8 warps per block, one block per SM"),
+    "v8_two_row_tiles": ("smem wavefronts (M)", "each K/V fragment feeds two mma: half the shared reads"),
+    "v9_wgmma_tma": ("tensor pipe %", "wgmma reads shared memory itself; TMA copies"),
+    "v10_pingpong": ("tensor pipe %", "one warpgroup's products overlap the other's softmax"),
+}
 
 
 class Error(Exception):
@@ -165,15 +184,26 @@ def write_csv(path, rows):
     os.replace(path + ".tmp", path)
 
 
-def tables(rows):
-    """One markdown table per head dim: rows = steps (in the CSV's order), the columns whose metrics are present."""
-    by_d, order, present = {}, {}, set()
+def _by_d(rows):
+    """{d: {step: {metric: value}}} and {d: [steps in the CSV's order]}."""
+    by_d, order = {}, {}
     for gpu, step, d, metric, value, unit in rows:
         by_d.setdefault(int(d), {}).setdefault(step, {})[metric] = value
         order.setdefault(int(d), [])
         if step not in order[int(d)]:
             order[int(d)].append(step)
-        present.add(metric)
+    return by_d, order
+
+
+def _cell(values, metrics, scale, digits):
+    v = [values.get(m, "") for m in metrics]
+    return "n/a" if "" in v else f"{sum(map(float, v)) * scale:,.{digits}f}"
+
+
+def tables(rows):
+    """One markdown table per head dim: rows = steps (in the CSV's order), the columns whose metrics are present."""
+    by_d, order = _by_d(rows)
+    present = {r[3] for r in rows}
     cols = [c for c in COLUMNS if all(m in present for m in c[1])]
     out = []
     for d in sorted(by_d):
@@ -181,13 +211,38 @@ def tables(rows):
         out.append("| step | " + " | ".join(c[0] for c in cols) + " |")
         out.append("|---|" + "---|" * len(cols))
         for step in order[d]:
-            cells = []
-            for _, metrics, scale, digits in cols:
-                v = [by_d[d][step].get(m, "") for m in metrics]
-                cells.append("n/a" if "" in v else f"{sum(map(float, v)) * scale:,.{digits}f}")
-            out.append(f"| {step} | " + " | ".join(cells) + " |")
+            out.append(f"| {step} | " + " | ".join(_cell(by_d[d][step], *c[1:]) for c in cols) + " |")
         out.append("")
     return "\n".join(out)
+
+
+def explain_table(rows):
+    """Per step, the counter of EXPLAINS: the previous step's value -> this step's, at each head dim."""
+    by_d, order = _by_d(rows)
+    ds = sorted(by_d)
+    column = {c[0]: c for c in COLUMNS}
+    out = ["| step | counter | what it should show | " + " | ".join(f"d = {d}" for d in ds) + " |",
+           "|---|---|---|" + "---|" * len(ds)]
+    for k, step in enumerate(order[ds[0]]):
+        if step not in EXPLAINS:
+            continue
+        header, why = EXPLAINS[step]
+        _, metrics, scale, digits = column[header]
+        cells = []
+        for d in ds:
+            steps = order[d]
+            now = _cell(by_d[d].get(step, {}), metrics, scale, digits)
+            i = steps.index(step) if step in steps else 0
+            cells.append(now if i == 0 else f"{_cell(by_d[d][steps[i - 1]], metrics, scale, digits)} → {now}")
+        out.append(f"| {step} | {header} | {why} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def report(rows):
+    if not rows:
+        raise Error("no rows")
+    return ("One counter per step (the previous step's value → this step's):\n\n" + explain_table(rows) +
+            "\nEvery counter:\n\n" + tables(rows))
 
 
 def read_csv(path):
@@ -209,7 +264,7 @@ def collect(args):
             checked = checked_steps(f.read())
         rows += rows_of(args.gpu, d, assign(steps, launches(raw, metrics), checked, d), metrics)
     write_csv(args.out, rows)
-    print(tables(rows))
+    print(report(rows))
     print(f"== step_counters: {len(rows)} rows in {args.out}")
 
 
@@ -235,7 +290,7 @@ def main():
         elif args.command == "collect":
             collect(args)
         else:
-            print(tables(read_csv(args.csv)))
+            print(report(read_csv(args.csv)))
     except Error as e:
         sys.exit(f"step_counters: {e}")
 
