@@ -67,20 +67,25 @@ TIME = {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1, "u
 BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
-# The one counter that should explain each step's gain over the step before it (05's README, sections 3 and 4):
-# step -> (column, what it should show).
+# The one counter that should explain each step's gain over the step before it, as 05's README (section 4) words it:
+# step -> (column of COLUMNS, the counter, what it should show).
 EXPLAINS = {
-    "split_k": ("barrier", "the warps' partial O, m, l are added up through shared memory, between barriers"),
-    "v1_mma": ("barrier", "split-Q: each warp owns its rows, no reduction between warps"),
-    "v2_ldmatrix": ("bank conflicts (M)", "fewer load instructions, the same 8-way conflicts"),
-    "v3_swizzle": ("bank conflicts (M)", "the XOR swizzle: no conflicts"),
-    "v4_cp_async": ("long sb", "K_j+1, V_j+1 copied while K_j, V_j are used: fewer waits on global loads"),
-    "v5_regs_p": ("smem wavefronts (M)", "P stays in registers: its store and reloads are gone"),
-    "v6_exp2": ("instructions (M)", "one ex2 and a subtract per element instead of expf's multiply"),
-    "v7_tiles": ("occupancy %", "Br = 128: 8 warps per block, one block per SM"),
-    "v8_two_row_tiles": ("smem wavefronts (M)", "each K/V fragment feeds two mma: half the shared reads"),
-    "v9_wgmma_tma": ("tensor pipe %", "wgmma reads shared memory itself; TMA copies"),
-    "v10_pingpong": ("tensor pipe %", "one warpgroup's products overlap the other's softmax"),
+    "split_k": ("barrier", "warps stalled at a barrier, per issued instruction",
+                "the warps' partial $\\tilde O$, $m$, $\\ell$ added up through shared memory, between barriers"),
+    "v1_mma": ("barrier", "the same", "split-Q: each warp owns its rows, no reduction between warps"),
+    "v2_ldmatrix": ("bank conflicts (M)", "shared-memory bank conflicts (millions)",
+                    "fewer load instructions, the same 8-way conflicts"),
+    "v3_swizzle": ("bank conflicts (M)", "the same", "none left"),
+    "v4_cp_async": ("long sb", "warps waiting on a global load (long scoreboard), per issued instruction",
+                    "fewer waits on global loads"),
+    "v5_regs_p": ("smem wavefronts (M)", "shared-memory wavefronts (millions)", "$P$'s stores and reloads gone"),
+    "v6_exp2": ("instructions (M)", "warp instructions executed (millions)",
+                "one `ex2` and a subtract per element instead of `expf`'s multiply"),
+    "v7_tiles": ("occupancy %", "achieved occupancy (%)", "8 warps per block, one block per SM"),
+    "v8_two_row_tiles": ("smem wavefronts (M)", "shared-memory wavefronts (millions)", "half the shared reads per mma"),
+    "v9_wgmma_tma": ("tensor pipe %", "tensor pipe busy, `mma.sync` and `wgmma` (%)",
+                     "`wgmma` reads shared memory itself"),
+    "v10_pingpong": ("tensor pipe %", "the same", "one warpgroup's products overlap the other's softmax"),
 }
 
 
@@ -221,12 +226,12 @@ def explain_table(rows):
     by_d, order = _by_d(rows)
     ds = sorted(by_d)
     column = {c[0]: c for c in COLUMNS}
-    out = ["| step | counter | what it should show | " + " | ".join(f"d = {d}" for d in ds) + " |",
+    out = ["| step | counter | what it should show (§3) | " + " | ".join(f"d = {d}" for d in ds) + " |",
            "|---|---|---|" + "---|" * len(ds)]
     for k, step in enumerate(order[ds[0]]):
         if step not in EXPLAINS:
             continue
-        header, why = EXPLAINS[step]
+        header, counter, why = EXPLAINS[step]
         _, metrics, scale, digits = column[header]
         cells = []
         for d in ds:
@@ -234,7 +239,7 @@ def explain_table(rows):
             now = _cell(by_d[d].get(step, {}), metrics, scale, digits)
             i = steps.index(step) if step in steps else 0
             cells.append(now if i == 0 else f"{_cell(by_d[d][steps[i - 1]], metrics, scale, digits)} → {now}")
-        out.append(f"| {step} | {header} | {why} | " + " | ".join(cells) + " |")
+        out.append(f"| {step} | {counter} | {why} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 

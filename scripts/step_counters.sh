@@ -85,7 +85,8 @@ for shape in "${SHAPES[@]}"; do
     rc=1
     break
   fi
-  [ "$status" -eq 0 ] || { tail -20 "$WORK/d$d.log"; echo "!! ncu run d = $d failed (log: $WORK/d$d.log)"; rc=1; continue; }
+  [ "$status" -eq 0 ] ||
+    { tail -20 "$WORK/d$d.log"; echo "!! ncu run d = $d failed (log: $WORK/d$d.log)"; rc=1; continue; }
   # shellcheck disable=SC2086  # units is one option or none
   "$NCU" --import "$WORK/d$d.ncu-rep" --csv --page raw $units >"$WORK/d$d.raw.csv" 2>"$WORK/d$d.import.log" ||
     { cat "$WORK/d$d.import.log"; echo "!! ncu --import d = $d failed"; rc=1; continue; }
