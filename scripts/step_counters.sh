@@ -52,7 +52,10 @@ STEPS=$($PARSE steps "$WORK/help.txt") || { echo "== step_counters: files in $WO
 METRICS=$($PARSE metrics) || exit 1
 # Values in base units where this ncu can say so (older ones scale: the units row says which).
 units=""
-"$NCU" --help 2>/dev/null | grep -q -- "--print-units" && units="--print-units base"
+"$NCU" --help >"$WORK/ncu_help.txt" 2>&1
+grep -q -- "--print-units" "$WORK/ncu_help.txt" && units="--print-units base"
+# ncu's own lines in a file of their own where it can: the program's check lines then reach its log whole.
+ncu_log() { grep -q -- "--log-file" "$WORK/ncu_help.txt" && echo "--log-file $WORK/d$1.ncu.log"; }
 echo "== step_counters: $gpu, $NCU"
 echo "== steps: ${STEPS//,/ }"
 
@@ -68,25 +71,27 @@ for shape in "${SHAPES[@]}"; do
   for attempt in 1 2 3; do
     echo
     echo "== d = $d: ncu on $cmd"
-    # shellcheck disable=SC2086  # cmd is a command line of words
-    "$NCU" --target-processes all --metrics "$METRICS" --kernel-name regex:kernel --export "$WORK/d$d" \
-      --force-overwrite $cmd >"$WORK/d$d.log" 2>&1
+    : >"$WORK/d$d.ncu.log"
+    # shellcheck disable=SC2086,SC2046  # cmd is a command line of words; ncu_log one option or none
+    "$NCU" $(ncu_log "$d") --target-processes all --metrics "$METRICS" --kernel-name regex:kernel \
+      --export "$WORK/d$d" --force-overwrite $cmd >"$WORK/d$d.log" 2>&1
     status=$?
     # A metric this ncu or GPU does not know (names change between versions): leave it out, say so, run again.
     dropped=$(tr ',' '\n' <<<"$METRICS" | while read -r m; do
-      grep -E "==(ERROR|WARNING)==" "$WORK/d$d.log" | grep -qF "$m" && echo "$m"; done)
+      cat "$WORK/d$d.ncu.log" "$WORK/d$d.log" | grep -E "==(ERROR|WARNING)==" | grep -qF "$m" && echo "$m"; done)
     if [ -z "$dropped" ] || [ "$attempt" -eq 3 ]; then break; fi
     echo "== not known to this ncu, left out: $(paste -sd' ' <<<"$dropped")"
     METRICS=$(tr ',' '\n' <<<"$METRICS" | grep -vxF -f <(echo "$dropped") | paste -sd,)
   done
-  if grep -q ERR_NVGPUCTRPERM "$WORK/d$d.log"; then
+  if cat "$WORK/d$d.ncu.log" "$WORK/d$d.log" | grep -q ERR_NVGPUCTRPERM; then
     echo "!! ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): run as root, or allow"
     echo "   non-admin profiling (NVIDIA's page on ERR_NVGPUCTRPERM says how)"
     rc=1
     break
   fi
   [ "$status" -eq 0 ] ||
-    { tail -20 "$WORK/d$d.log"; echo "!! ncu run d = $d failed (log: $WORK/d$d.log)"; rc=1; continue; }
+    { tail -n 20 "$WORK/d$d.ncu.log" "$WORK/d$d.log"; echo "!! ncu run d = $d failed (logs: $WORK/d$d.*log)"; rc=1
+      continue; }
   # shellcheck disable=SC2086  # units is one option or none
   "$NCU" --import "$WORK/d$d.ncu-rep" --csv --page raw $units >"$WORK/d$d.raw.csv" 2>"$WORK/d$d.import.log" ||
     { cat "$WORK/d$d.import.log"; echo "!! ncu --import d = $d failed"; rc=1; continue; }

@@ -51,18 +51,24 @@ FAKE_NCU = textwrap.dedent("""\
     a = sys.argv[1:]
     if a == ["--help"]:
         print("  --print-units arg")
+        if not os.environ.get("FAKE_OLD_NCU"):
+            print("  --log-file arg")
         sys.exit(0)
     if "--import" in a:
         print(open(a[a.index("--import") + 1]).read(), end="")
         sys.exit(0)
+    log = open(a[a.index("--log-file") + 1], "w") if "--log-file" in a else sys.stdout  # ncu's own lines
     metrics = a[a.index("--metrics") + 1].split(",")
     unknown = os.environ.get("FAKE_UNKNOWN")
     if unknown and unknown in metrics:
-        print("==ERROR== Failed to find metric " + unknown)
+        print("==ERROR== Failed to find metric " + unknown, file=log)
         sys.exit(1)
+    if os.environ.get("FAKE_NO_PERMISSION"):
+        print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
+              "Counters on the target device 0.", file=log)
     app = a[a.index("--force-overwrite") + 1:]
+    print("==PROF== Connected to process 7", file=log)
     p = subprocess.run(app, capture_output=True, text=True)
-    print("==PROF== Connected to process 7")
     print(p.stdout, end="")
     n = len(re.findall(r"^check:", p.stdout, re.M)) + int(os.environ.get("FAKE_LAUNCHES_EXTRA", "0"))
     names = ["void fa2::(anonymous namespace)::forward_kernel<64, false>(fa::Problem, const float *)"]
@@ -169,6 +175,11 @@ class StepCounters(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual(sorted({x["step"] for x in self.rows()}), sorted(STEPS[:9]))
 
+    def test_an_ncu_without_log_file_mixes_its_lines_with_the_program_s(self):
+        r = self.run_script(self.build, self.out, FAKE_OLD_NCU="1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(len(self.rows()), 2 * len(STEPS) * len(step_counters.NAMES))
+
     def test_a_metric_ncu_does_not_know_is_left_out_and_said(self):
         unknown = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
         r = self.run_script(self.build, self.out, FAKE_UNKNOWN=unknown)
@@ -187,6 +198,9 @@ class StepCounters(unittest.TestCase):
     def test_check_lines_that_differ_from_the_steps_are_an_error(self):
         ran = ",".join(STEPS[:3] + STEPS[4:3:-1] + STEPS[3:4] + STEPS[5:])  # v3 and v4 swapped
         self.assert_failed(self.run_script(self.build, self.out, FAKE_RAN=ran), "the program checked the steps")
+
+    def test_no_permission_for_the_counters_is_said(self):
+        self.assert_failed(self.run_script(self.build, self.out, FAKE_NO_PERMISSION="1"), "ERR_NVGPUCTRPERM")
 
     def test_a_failed_program_writes_nothing(self):
         self.assert_failed(self.run_script(self.build, self.out, FAKE_FAIL="128"), "!! ncu run d = 128 failed")
