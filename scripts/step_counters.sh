@@ -76,9 +76,11 @@ for shape in "${SHAPES[@]}"; do
     "$NCU" $(ncu_log "$d") --target-processes all --metrics "$METRICS" --kernel-name regex:kernel \
       --export "$WORK/d$d" --force-overwrite $cmd >"$WORK/d$d.log" 2>&1
     status=$?
-    # A metric this ncu or GPU does not know (names change between versions): leave it out, say so, run again.
+    # A metric this ncu or GPU does not know (names change between versions; the message may name the metric or
+    # its base name, before the first dot): leave it out, say so, run again.
     dropped=$(tr ',' '\n' <<<"$METRICS" | while read -r m; do
-      cat "$WORK/d$d.ncu.log" "$WORK/d$d.log" | grep -E "==(ERROR|WARNING)==" | grep -qF "$m" && echo "$m"; done)
+      cat "$WORK/d$d.ncu.log" "$WORK/d$d.log" | grep -E "==(ERROR|WARNING)==" |
+        grep -qE "(^|[^a-z0-9_])${m%%.*}([^a-z0-9_]|\$)" && echo "$m"; done)
     if [ -z "$dropped" ] || [ "$attempt" -eq 3 ]; then break; fi
     echo "== not known to this ncu, left out: $(paste -sd' ' <<<"$dropped")"
     METRICS=$(tr ',' '\n' <<<"$METRICS" | grep -vxF -f <(echo "$dropped") | paste -sd,)

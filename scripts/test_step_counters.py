@@ -61,7 +61,7 @@ FAKE_NCU = textwrap.dedent("""\
     metrics = a[a.index("--metrics") + 1].split(",")
     unknown = os.environ.get("FAKE_UNKNOWN")
     if unknown and unknown in metrics:
-        print("==ERROR== Failed to find metric " + unknown, file=log)
+        print("==ERROR== Failed to find metric " + unknown.split(".")[0], file=log)  # the base name
         sys.exit(1)
     if os.environ.get("FAKE_NO_PERMISSION"):
         print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
