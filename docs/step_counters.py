@@ -297,7 +297,7 @@ def main():
             collect(args)
         else:
             print(report(read_csv(args.csv)))
-    except Error as e:
+    except (Error, OSError) as e:
         sys.exit(f"step_counters: {e}")
 
 
