@@ -21,6 +21,8 @@ One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, wi
                                kernels on the same shape (04_fa2/README.md, section 6)
     <g>_io.png                 predicted against measured HBM bytes (io_counters.py), from <gpu>_io.csv, which
                                scripts/io_counters.sh writes: drawn only where that file exists
+<gpu>_steps.csv (scripts/step_counters.sh: chapter 05's counters per step) is a table, not a figure: this script
+leaves it out, and `python3 docs/step_counters.py table FILE` prints it.
 The 05, 06 and block-sparse figures are drawn only when the CSV has rows of them. The diagrams that come from no
 CSV (the map of the chapters, the FlashAttention-3 schedules) are drawn by docs/figures.py, which this script
 runs too, so one command regenerates every committed PNG.
@@ -47,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import figures  # noqa: E402  (the diagrams)
 import io_counters  # noqa: E402  (the Nsight Compute counts against the traffic models)
+import step_counters  # noqa: E402  (05's per-step counters: tables, no figure)
 
 GiB = 1024.0 ** 3
 
@@ -651,7 +654,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     io_files = io_counters.io_csvs(args.results)
     csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results)
-                  if f.endswith(".csv") and os.path.join(args.results, f) not in io_files)
+                  if f.endswith(".csv") and not f.endswith(step_counters.SUFFIX)
+                  and os.path.join(args.results, f) not in io_files)
     if not csvs:
         raise SystemExit(f"no .csv files in {args.results}")
     written = []

@@ -3,16 +3,18 @@
 # reports, with PyTorch SDPA as the outside baseline, all in one CSV in the project's row format.
 # Run it on a GPU machine after building (see README.md):
 #   scripts/measure.sh [--chapters LIST] [BUILD_DIR] [CSV]   default: all, build, docs/results/<gpu>.csv
-#   LIST: chapters to measure, e.g. 05,06 (00 01 02 03 04 05 06; 04 includes the fp32 PyTorch rows; 05fwd: 05's
-#         last steps, forward only, next to PyTorch's flash and cuDNN)
+#   LIST: chapters to measure, e.g. 05,06 (00 01 02 03 04 05 05bwd 06; 04 includes the fp32 PyTorch rows; 05: every
+#         forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
+#         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN)
 # Each command is echoed before it runs, so a README can quote it, with a progress line (step k/N).
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
-# All chapters take about 25 minutes on an H100 (00-04 about 10, 05 about 14, 06 about 3).
+# All chapters take about 25 minutes on an H100 (00-04 about 10, 05 and 05bwd about 14 together: 05 about 6 and
+# 05bwd about 9 (estimates), 05fwd a few, 06 about 3).
 set -uo pipefail
-usage() { sed -n '2,13s/^# \{0,1\}//p' "$0"; }
-CHAPTERS=00,01,02,03,04,05,06
+usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
+CHAPTERS=00,01,02,03,04,05,05bwd,06
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
   --chapters)
@@ -22,7 +24,7 @@ case "${1:-}" in
   -*) echo "measure.sh: unknown option '$1'; see --help" >&2; exit 2 ;;
 esac
 for c in ${CHAPTERS//,/ }; do
-  [[ $c =~ ^(0[0-6]|05fwd)$ ]] || { echo "measure.sh: --chapters: '$c' is not one of 00 .. 06, 05fwd" >&2; exit 2; }
+  [[ $c =~ ^(0[0-6]|05fwd|05bwd)$ ]] || { echo "measure.sh: --chapters: '$c' is not one of 00 .. 06, 05bwd, 05fwd" >&2; exit 2; }
 done
 [ $# -le 2 ] || { echo "measure.sh: at most two arguments (BUILD_DIR, CSV); see --help" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -34,7 +36,8 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
 fi
 for prog in 00_naive/naive 01_online_softmax/online_softmax 02_fa1_forward/fa1_forward 03_fa1_backward/fa1_backward \
             04_fa2/fa2 05_warp_split_q/warp_split_q 06_flash_decoding/flash_decoding; do
-  [[ ",${CHAPTERS//05fwd/05}," == *",${prog:0:2},"* ]] || continue
+  chosen=${CHAPTERS//05fwd/05}
+  [[ ",${chosen//05bwd/05}," == *",${prog:0:2},"* ]] || continue
   [ -x "$B/$prog" ] || { echo "measure.sh: $B/$prog not found: build first (README, Quick start)" >&2; exit 1; }
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -97,20 +100,32 @@ for d in 64 128; do
 done
 add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --backward"
 # 05: split-K and the tensor-core ladder on FlashAttention's benchmark shapes (16k tokens: batch = 16384 / N;
-# hidden 2048: H = 32 at d = 64, H = 16 at d = 128), causal off and on, fp16, forward and backward; each run
-# also times 04 (fp32). Then PyTorch's flash (FA2) and cuDNN backends on the same shapes: 05's baselines.
+# hidden 2048: H = 32 at d = 64, H = 16 at d = 128), causal off and on, fp16, forward; each run also times 04
+# (fp32). Then PyTorch's flash (FA2) and cuDNN backends' forward on the same shapes: 05's baselines.
+# 05bwd: the backward steps (both dQ modes, next to 04's backward) on the same shapes, and PyTorch's backward. The
+# program runs a forward before its backward; one step of it, without 04's, keeps that part short.
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
-      add 05 "$B/05_warp_split_q/warp_split_q --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --backward --iters 10 --warmup 2"
+      add 05 "$B/05_warp_split_q/warp_split_q --kernel all --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --iters 10 --warmup 2"
     done
     for backend in flash cudnn; do
-      add 05 "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --backward --iters 10 --warmup 2"
+      add 05 "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --iters 10 --warmup 2"
+    done
+  done
+done
+for d in 64 128; do
+  for c in "" " --causal"; do
+    for n in 512 1024 2048 4096 8192 16384; do
+      add 05bwd "$B/05_warp_split_q/warp_split_q --kernel v8_two_row_tiles --no-previous --backward --bwd-kernel all --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --iters 10 --warmup 2"
+    done
+    for backend in flash cudnn; do
+      add 05bwd "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --backward --iters 10 --warmup 2"
     done
   done
 done
 # 05fwd: the forward alone, the ladder's last steps (v8; v9, v10 on an sm_90 GPU) next to FA2 and cuDNN on the same
-# shapes: the Hopper steps' table in a few minutes (05 above takes about 14).
+# shapes: the Hopper steps' table in a few minutes (05 above runs every step).
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do

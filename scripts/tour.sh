@@ -21,7 +21,7 @@ summary() {
 }
 
 if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
-  committed=$(ls docs/results/*.csv 2>/dev/null | grep -v "_io\.csv$" | head -1)
+  committed=$(ls docs/results/*.csv 2>/dev/null | grep -Ev "_(io|steps)\.csv$" | head -1)
   echo "No NVIDIA GPU found here: the chapter programs run their kernels on one, so the tour cannot run them."
   echo "What you can do without a GPU: build everything and run the CPU tests (README, Quick start), and read"
   echo "the chapters. What the tour shows on a GPU, as measured by scripts/measure.sh and committed in ${committed:-docs/results/}:"

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Chapter 05's forward steps under Nsight Compute: the counters that explain each step's gain, one row per step.
+
+    python3 docs/step_counters.py table docs/results/<gpu>_steps.csv   # the markdown tables of 05's README, section 4
+
+scripts/step_counters.sh runs chapter 05's program under ncu (every forward step, one launch each) and uses the
+other subcommands:
+    metrics                          the metrics profiled (one ncu pass list), comma-separated
+    steps HELP_FILE                  the steps the program's --help lists for --kernel, in ladder order
+    collect --gpu G --out CSV --steps a,b,... D=RAW_CSV=LOG ...
+                                     pairs the Nth launch of chapter 05's `kernel` in each ncu report (its raw page,
+                                     RAW_CSV) with the Nth step, checks that LOG (the program's output) checked those
+                                     steps in that order, writes CSV and prints the tables: one counter per step
+                                     (EXPLAINS), then every counter, one table per head dim
+
+The CSV (docs/results/<gpu>_steps.csv) has one row per step, head dim and metric: gpu, step, d, metric, value, unit.
+Values are in the unit named (time in ns, bytes in byte; ncu's own unit otherwise, never scaled).
+"""
+import argparse
+import csv
+import math
+import os
+import re
+import sys
+
+SUFFIX = "_steps.csv"  # how scripts/step_counters.sh names its files, and how docs/plot.py leaves them out
+
+# The metrics (one ncu pass list), in the CSV's order.
+NAMES = [
+    "gpu__time_duration.sum",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",  # every tensor instruction: mma.sync, wgmma
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",  # LSU only: wgmma's and TMA's shared-memory traffic is not in it
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "sm__inst_executed.sum",  # warp instructions
+]
+# The tables' columns: (header, the metrics added up, scale from the CSV's unit, digits). Stall columns are warps
+# stalled for that reason per issued instruction (ncu's "per issue active" ratios).
+COLUMNS = [
+    ("time (us)", NAMES[0:1], 1e-3, 0),
+    ("tensor pipe %", NAMES[1:2], 1, 1),
+    ("HMMA pipe %", NAMES[2:3], 1, 1),
+    ("issue slots %", NAMES[3:4], 1, 1),
+    ("instructions (M)", NAMES[14:15], 1e-6, 1),
+    ("occupancy %", NAMES[4:5], 1, 1),
+    ("smem wavefronts (M)", NAMES[5:6], 1e-6, 1),
+    ("bank conflicts (M)", NAMES[6:7], 1e-6, 1),
+    ("barrier", NAMES[7:8], 1, 2),
+    ("long sb", NAMES[8:9], 1, 2),
+    ("short sb", NAMES[9:10], 1, 2),
+    ("mio throttle", NAMES[10:11], 1, 2),
+    ("math throttle", NAMES[11:12], 1, 2),
+    ("DRAM MB (read + write)", NAMES[12:14], 1e-6, 1),
+]
+KERNEL = "kernel"  # every step's kernel is wsq::(anonymous namespace)::kernel<...>; chapter 04's is forward_kernel
+# Units ncu may print when it scales (older versions, or without --print-units base), to the CSV's unit.
+TIME = {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}
+BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+# The one counter that should explain each step's gain over the step before it, as 05's README (section 4) words it:
+# step -> (column of COLUMNS, the counter, what it should show).
+EXPLAINS = {
+    "split_k": ("barrier", "warps stalled at a barrier, per issued instruction",
+                "the warps' partial $\\tilde O$, $m$, $\\ell$ added up through shared memory, between barriers"),
+    "v1_mma": ("barrier", "the same", "split-Q: each warp owns its rows, no reduction between warps"),
+    "v2_ldmatrix": ("bank conflicts (M)", "shared-memory bank conflicts (millions)",
+                    "fewer load instructions, the same 8-way conflicts"),
+    "v3_swizzle": ("bank conflicts (M)", "the same", "none left"),
+    "v4_cp_async": ("long sb", "warps waiting on a global load (long scoreboard), per issued instruction",
+                    "fewer waits on global loads"),
+    "v5_regs_p": ("smem wavefronts (M)", "shared-memory wavefronts (millions)", "$P$'s stores and reloads gone"),
+    "v6_exp2": ("instructions (M)", "warp instructions executed (millions)",
+                "one `ex2` and a subtract per element instead of `expf`'s multiply"),
+    "v7_tiles": ("occupancy %", "achieved occupancy (%)",
+                 "at d = 64 one block of 8 warps per SM, where step 6 ran 12 warps (a loss)"),
+    "v8_two_row_tiles": ("smem wavefronts (M)", "shared-memory wavefronts (millions)", "half the shared reads per mma"),
+    "v9_wgmma_tma": ("tensor pipe %", "tensor pipe busy, `mma.sync` and `wgmma` (%)",
+                     "`wgmma` reads shared memory itself"),
+    "v10_pingpong": ("tensor pipe %", "the same", "one warpgroup's products overlap the other's softmax"),
+}
+
+
+class Error(Exception):
+    """A report or a log that does not match what was run: the script says so and writes nothing."""
+
+
+def function_name(name):
+    """'void wsq::(anonymous namespace)::kernel<__half, (int)64>(fa::Problem)' -> 'kernel'."""
+    name = name.replace("(anonymous namespace)", "")
+    while re.search(r"<[^<>]*>", name):  # template arguments, innermost first (they may hold parentheses)
+        name = re.sub(r"<[^<>]*>", "", name)
+    return name.split("(")[0].split("::")[-1].split()[-1]
+
+
+def steps_from_help(text):
+    """The forward steps, in ladder order, from the --kernel line of the program's --help."""
+    for line in text.splitlines():
+        m = re.match(r"\s*--kernel\b.*?steps separated by commas:\s*([^(\[]+)", line)
+        if m:
+            steps = [s.strip() for s in m.group(1).split(",") if s.strip()]
+            if steps:
+                return steps
+    raise Error("the program's --help has no '--kernel ... steps separated by commas: a, b, ...' line")
+
+
+def checked_steps(log):
+    """The steps the program checked, in order: its 'check:   <step> ...' lines (ncu's own lines start '==')."""
+    return [m.group(1) for m in re.finditer(r"^check:\s+(\S+)", log, re.M)]
+
+
+def normalise(value, unit):
+    """(value, unit) as ncu printed them -> (value, unit) in the CSV's unit: ns, byte, or ncu's unscaled unit."""
+    if unit in TIME:
+        return value * TIME[unit], "ns"
+    if unit in BYTES:
+        return value * BYTES[unit], "byte"
+    m = re.fullmatch(r"([KMGT])([a-z_]{2,})", unit or "")
+    if m:  # a scaled count (Kwavefront ...); lower-case prefixes (msecond) are handled above
+        return value * PREFIX[m.group(1)], m.group(2)
+    return value, unit or ""
+
+
+def number(text):
+    text = text.strip().replace(",", "")
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan  # "n/a": a metric this GPU has no value for
+
+
+def launches(path, metrics):
+    """The profiled launches of KERNEL in launch order: a list of {metric: (value, unit)}; other kernels left out."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    try:
+        head = next(i for i, r in enumerate(rows) if "ID" in r)
+    except StopIteration:
+        raise Error(f"{path}: no header row (with 'ID') in ncu's raw page") from None
+    cols = rows[head]
+    missing = [m for m in metrics if m not in cols]
+    if missing:
+        raise Error(f"{path}: ncu reported no column for {', '.join(missing)}")
+    units, data = {}, rows[head + 1:]
+    if data and data[0][cols.index("ID")] == "":  # the units row
+        units = dict(zip(cols, data[0]))
+        data = data[1:]
+    name_col = next((c for c in ("Kernel Name", "Function Name", "Demangled Name") if c in cols), None)
+    if name_col is None:
+        raise Error(f"{path}: no kernel name column")
+    got = []
+    for r in sorted(data, key=lambda r: int(r[cols.index("ID")])):
+        if function_name(r[cols.index(name_col)]) != KERNEL:
+            continue
+        got.append({m: normalise(number(r[cols.index(m)]), units.get(m, "")) for m in metrics})
+    return got
+
+
+def assign(steps, profiled, checked, d):
+    """Step k <- the kth launch (the program runs each step once with --iters 0, in the order --help lists)."""
+    if checked != steps:
+        raise Error(f"d = {d}: the program checked the steps\n    {' '.join(checked) or '(none)'}\n"
+                    f"  its --help lists\n    {' '.join(steps)}")
+    if len(profiled) != len(steps):
+        raise Error(f"d = {d}: ncu profiled {len(profiled)} launches of '{KERNEL}' for {len(steps)} steps "
+                    f"({' '.join(steps)}): one launch per step was expected")
+    return list(zip(steps, profiled))
+
+
+def rows_of(gpu, d, pairs, metrics):
+    return [[gpu, step, d, m, f"{v[m][0]:.10g}" if not math.isnan(v[m][0]) else "", v[m][1]]
+            for step, v in pairs for m in metrics]
+
+
+def write_csv(path, rows):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["gpu", "step", "d", "metric", "value", "unit"])
+        w.writerows(rows)
+    os.replace(path + ".tmp", path)
+
+
+def _by_d(rows):
+    """{d: {step: {metric: value}}} and {d: [steps in the CSV's order]}."""
+    by_d, order = {}, {}
+    for gpu, step, d, metric, value, unit in rows:
+        by_d.setdefault(int(d), {}).setdefault(step, {})[metric] = value
+        order.setdefault(int(d), [])
+        if step not in order[int(d)]:
+            order[int(d)].append(step)
+    return by_d, order
+
+
+def _cell(values, metrics, scale, digits):
+    v = [values.get(m, "") for m in metrics]
+    return "n/a" if "" in v else f"{sum(map(float, v)) * scale:,.{digits}f}"
+
+
+def tables(rows):
+    """One markdown table per head dim: rows = steps (in the CSV's order), the columns whose metrics are present."""
+    by_d, order = _by_d(rows)
+    present = {r[3] for r in rows}
+    cols = [c for c in COLUMNS if all(m in present for m in c[1])]
+    out = []
+    for d in sorted(by_d):
+        out.append(f"d = {d}:\n")
+        out.append("| step | " + " | ".join(c[0] for c in cols) + " |")
+        out.append("|---|" + "---|" * len(cols))
+        for step in order[d]:
+            out.append(f"| {step} | " + " | ".join(_cell(by_d[d][step], *c[1:]) for c in cols) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def explain_table(rows):
+    """Per step, the counter of EXPLAINS: the previous step's value -> this step's, at each head dim."""
+    by_d, order = _by_d(rows)
+    ds = sorted(by_d)
+    column = {c[0]: c for c in COLUMNS}
+    out = ["| step | counter | what it should show (§3) | " + " | ".join(f"d = {d}" for d in ds) + " |",
+           "|---|---|---|" + "---|" * len(ds)]
+    for k, step in enumerate(order[ds[0]]):
+        if step not in EXPLAINS:
+            continue
+        header, counter, why = EXPLAINS[step]
+        _, metrics, scale, digits = column[header]
+        cells = []
+        for d in ds:
+            steps = order[d]
+            now = _cell(by_d[d].get(step, {}), metrics, scale, digits)
+            i = steps.index(step) if step in steps else 0
+            cells.append(now if i == 0 else f"{_cell(by_d[d][steps[i - 1]], metrics, scale, digits)} → {now}")
+        out.append(f"| {step} | {counter} | {why} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def report(rows):
+    if not rows:
+        raise Error("no rows")
+    return ("One counter per step (the previous step's value → this step's):\n\n" + explain_table(rows) +
+            "\nEvery counter:\n\n" + tables(rows))
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        r = csv.reader(f)
+        head = next(r, None)
+        if head != ["gpu", "step", "d", "metric", "value", "unit"]:
+            raise Error(f"{path}: not a {SUFFIX} file (header {head})")
+        return [row for row in r if row]
+
+
+def collect(args):
+    steps = [s for s in args.steps.split(",") if s]
+    metrics = [m for m in args.metrics.split(",") if m] if args.metrics else NAMES
+    rows = []
+    for run in args.runs:
+        d, raw, log = run.split("=", 2)
+        with open(log, errors="replace") as f:
+            checked = checked_steps(f.read())
+        rows += rows_of(args.gpu, d, assign(steps, launches(raw, metrics), checked, d), metrics)
+    write_csv(args.out, rows)
+    print(report(rows))
+    print(f"== step_counters: {len(rows)} rows in {args.out}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("metrics", help="the metrics, comma-separated")
+    sub.add_parser("steps", help="the steps of the program's --help (a file)").add_argument("help_file")
+    c = sub.add_parser("collect", help="ncu reports -> CSV and tables")
+    c.add_argument("--gpu", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--steps", required=True, help="the steps, comma-separated, in launch order")
+    c.add_argument("--metrics", default="", help="the metrics profiled, comma-separated (default: all of NAMES)")
+    c.add_argument("runs", nargs="+", help="D=RAW_CSV=LOG for each head dim")
+    sub.add_parser("table", help="the markdown tables of a _steps.csv").add_argument("csv")
+    args = ap.parse_args()
+    try:
+        if args.command == "metrics":
+            print(",".join(NAMES))
+        elif args.command == "steps":
+            with open(args.help_file, errors="replace") as f:
+                print(",".join(steps_from_help(f.read())))
+        elif args.command == "collect":
+            collect(args)
+        else:
+            print(report(read_csv(args.csv)))
+    except (Error, OSError) as e:
+        sys.exit(f"step_counters: {e}")
+
+
+if __name__ == "__main__":
+    main()
