@@ -76,7 +76,9 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, in.q, in.k, in.v);
   bool ok = true;
   std::vector<fa::ResultRow> rows;
-  for (const wsq::Step& s : fa::select_steps(wsq::forward_steps(), f.kernel)) {
+  const std::vector<wsq::Step> steps =
+      f.kernel == "none" ? std::vector<wsq::Step>{} : fa::select_steps(wsq::forward_steps(), f.kernel);
+  for (const wsq::Step& s : steps) {
     const wsq::ForwardFn<T> fn = wsq::fn<T>(s);
     auto go = [&] { fn(p, q.get(), k.get(), v.get(), o.get(), lse.get()); };
     o.poison(), lse.poison();  // an element a kernel forgets to write stays NaN and fails
@@ -135,7 +137,7 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
       rows.push_back(r);
     }
   }
-  if (opts.iters > 0 && !f.no_previous) {
+  if (opts.iters > 0 && !f.no_previous && !rows.empty()) {
     fa::ResultRow r04 = fa::result_row("04", fa2_step.name, "fwd", p);  // model bytes: 04's own page counts them
     r04 = fa::time_kernel(opts, r04, fa2_run);
     for (const fa::ResultRow& r : rows) fa::print_speedup(r, r04);
@@ -167,7 +169,8 @@ int main(int argc, char** argv) try {
               defaults());
   cli.add_option("--kernel", &f.kernel,
                  "all, or steps separated by commas: " + fa::step_names(wsq::forward_steps()) +
-                     " (v9_wgmma_tma and v10_pingpong are listed on an sm_90 GPU only; default all)");
+                     " (v9_wgmma_tma and v10_pingpong are listed on an sm_90 GPU only), or none with --backward "
+                     "(time only the backward); default all");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16: inputs are rounded to it on load (default fp16)");
   cli.add_flag("--no-previous", &f.no_previous, "do not time chapter 04 for comparison");
   cli.add_flag("--backward", &f.backward,
@@ -181,7 +184,9 @@ int main(int argc, char** argv) try {
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
   const fa::Dtype t = fa::parse_dtype(f.dtype);
-  fa::select_steps(wsq::forward_steps(), f.kernel);
+  if (f.kernel == "none" && !f.backward)
+    throw fa::UsageError("--kernel none runs no forward step: it is meant for --backward alone");
+  if (f.kernel != "none") fa::select_steps(wsq::forward_steps(), f.kernel);
   if (f.bwd_kernel != "all") wsq::find_backward_step(f.bwd_kernel);
 
   // 2. The problem, this chapter's limits, the inputs rounded to the dtype (bad input: exit 2).

@@ -136,6 +136,7 @@ def parse_args(argv):
     b.add_argument("--head-dim", type=positive, default=64)
     b.add_argument("--causal", action="store_true", help="bottom-right aligned, as in every chapter")
     b.add_argument("--backward", action="store_true", help="also time the backward pass")
+    b.add_argument("--backward-only", action="store_true", help="time the backward pass alone (no forward rows)")
     b.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     b.add_argument("--backend", choices=sorted(BACKENDS) + ["auto"], default="auto")
     b.add_argument("--iters", type=positive, default=20)
@@ -287,7 +288,7 @@ def bench(a):
             from torch.nn.attention.bias import causal_lower_right
             mask = causal_lower_right(nq, nk)
         gqa = a.heads != a.kv_heads
-        for pass_ in (["fwd", "bwd"] if a.backward else ["fwd"]):
+        for pass_ in (["bwd"] if a.backward_only else ["fwd", "bwd"] if a.backward else ["fwd"]):
             qq, kk, vv = (x.clone().requires_grad_(pass_ == "bwd") for x in (q, k, v))
 
             def fwd():
