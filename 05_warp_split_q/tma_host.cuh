@@ -2,7 +2,8 @@
 // tensor's shape and strides in global memory and the box one copy moves; the kernel then names a box by its
 // coordinates. The driver function that builds it (cuTensorMapEncodeTiled) is fetched through the runtime, so
 // the program needs no extra library at link time.
-#pragma once
+#ifndef WSQ_TMA_HOST_CUH  // a guard, not #pragma once: emu/emu_sm90.hpp provides a CPU version of this header
+#define WSQ_TMA_HOST_CUH
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -13,6 +14,7 @@
 
 #include "cuda_check.cuh"
 #include "lowp.cuh"
+#include "problem.hpp"
 #include "sm90_layout.hpp"
 
 namespace wsq::sm90 {
@@ -47,4 +49,17 @@ CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int bo
   return map;
 }
 
+// The launch of steps 9 and 10: a kernel taking the three tensor maps, the problem and the outputs, with more
+// than 48 KiB of dynamic shared memory (the per-kernel opt-in).
+template <class Tc>
+using TmaKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, Tc*, float*);
+template <class Tc>
+void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
+                const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  kernel<<<grid, threads, smem_bytes>>>(q, k, v, p, o, lse);
+  CHECK_LAUNCH();
+}
+
 }  // namespace wsq::sm90
+#endif  // WSQ_TMA_HOST_CUH

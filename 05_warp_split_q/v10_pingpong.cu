@@ -262,11 +262,8 @@ void run(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* 
   const CUtensorMap tm_q = tensor_map(q, D, p.q_len, p.batch * p.heads, Br);
   const CUtensorMap tm_k = tensor_map(k, D, p.kv_len, p.batch * p.kv_heads, Bc);
   const CUtensorMap tm_v = tensor_map(v, D, p.kv_len, p.batch * p.kv_heads, Bc);
-  constexpr size_t smem = Layout<D>::alloc;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel<Tc, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid((p.q_len + Br - 1) / Br, p.heads, p.batch);
-  kernel<Tc, D><<<grid, kThreads, smem>>>(tm_q, tm_k, tm_v, p, fa::cuda_ptr(o), lse);
-  CHECK_LAUNCH();
+  launch_tma<Tc>(kernel<Tc, D>, grid, kThreads, Layout<D>::alloc, tm_q, tm_k, tm_v, p, fa::cuda_ptr(o), lse);
 }
 
 }  // namespace

@@ -1,0 +1,392 @@
+// A CPU emulation of the Hopper pieces steps 9 and 10 use, so that test_sm90_emulated runs those kernels - their
+// producer/consumer handshake, barrier phases, descriptors, fragment layouts and masks - on a machine without an
+// H100. It replaces ptx.cuh, launch.cuh, wgmma.cuh and tma_host.cuh (their include guards are defined here) and
+// must be included before a kernel file.
+//   * Every GPU thread is a cooperative context (ucontext) on one OS thread. Unlike emu.hpp's lockstep, a thread
+//     that must wait (an mbarrier phase, a named barrier, __syncthreads, a shuffle) hands over to the next thread
+//     that has not finished, round robin, until what it waits for has happened: the producer runs ahead of the
+//     consumers exactly as far as the "empty" barriers let it. A wait that can never end stops the test (abort).
+//   * mbarriers count arrivals and transaction bytes and complete phases as the PTX ISA says; try_wait.parity P
+//     succeeds once the phase of parity P has completed. A TMA copy lands as late as the rules allow - when a
+//     thread waits on its barrier - with the 128-byte swizzle (sm90_layout.hpp's swizzle128) and zeros outside the
+//     tensor, and then counts its bytes: a tile read without waiting for its barrier is garbage.
+//   * wgmma computes at issue: A and B read from shared memory through the descriptor the kernel built (start,
+//     leading and stride byte offsets decoded, the canonical layouts of the PTX ISA, the swizzle applied to the
+//     address), or A from the registers of the 4 lanes that hold its rows (the mma.sync A layout, per warp). The
+//     accumulator layout: register 4n + e of lane (g, t) of warp w is row 16w + g + 8 (e / 2), column
+//     8n + 2t + e % 2. commit/wait/fence are no-ops (the product is already there).
+// Slow, and it proves nothing about timing or about what the asynchronous hardware might reorder; it does check
+// the index arithmetic, the phases and the layouts.
+#pragma once
+#define WSQ_PTX_CUH
+#define WSQ_LAUNCH_CUH
+#define WSQ_WGMMA_CUH
+#define WSQ_TMA_HOST_CUH
+
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <array>
+#include <map>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "../frag.hpp"
+#include "../sm90_layout.hpp"
+#include "dtype.hpp"
+#include "problem.hpp"
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__
+#define __grid_constant__
+#define __launch_bounds__(...)
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+inline int min(int a, int b) { return a < b ? a : b; }
+
+namespace emu9 {
+
+// ---- the scheduler ----
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  bool done = false;
+};
+inline std::vector<Fiber> fibers;
+inline ucontext_t main_ctx;
+inline int current = 0, n_threads = 0, alive = 0;
+inline dim3 thread_idx, block_idx;
+inline void (*body)() = nullptr;
+constexpr long kMaxSpins = 200'000;  // yields one wait may take before it is called a deadlock
+
+inline void go_to(int next, bool save) {
+  const int me = current;
+  current = next, thread_idx = dim3(unsigned(next));
+  if (save) swapcontext(&fibers[me].ctx, &fibers[next].ctx);
+  else setcontext(&fibers[next].ctx);
+}
+inline int next_alive(int from) {
+  for (int i = 1; i <= n_threads; ++i) {
+    const int t = (from + i) % n_threads;
+    if (!fibers[t].done) return t;
+  }
+  return -1;
+}
+inline void yield() {
+  const int next = next_alive(current);
+  if (next >= 0 && next != current) go_to(next, true);
+}
+template <class Done>
+inline void wait_until(Done done, const char* what) {
+  for (long spins = 0; !done(); ++spins) {
+    if (spins > kMaxSpins) {
+      std::fprintf(stderr, "emulated deadlock: thread %d waits forever on %s\n", current, what);
+      std::abort();
+    }
+    yield();
+  }
+}
+inline void fiber_entry() {
+  body();
+  fibers[current].done = true;
+  --alive;
+  const int next = next_alive(current);
+  if (next < 0) setcontext(&main_ctx);
+  go_to(next, false);
+}
+inline void run_block(int threads, dim3 block) {
+  constexpr size_t kStack = 96 * 1024;
+  fibers.resize(threads);
+  n_threads = alive = threads, block_idx = block;
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = fibers[t];
+    f.stack.resize(kStack);
+    f.done = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &main_ctx;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  current = 0, thread_idx = dim3(0);
+  swapcontext(&main_ctx, &fibers[0].ctx);
+}
+
+// ---- barriers with generations: __syncthreads, named barriers, the warp's exchanges ----
+struct Barrier {
+  int arrived = 0;
+  long generation = 0;
+};
+inline void bar_arrive(Barrier& b, int count) {
+  if (++b.arrived == count) b.arrived = 0, ++b.generation;
+}
+inline void bar_sync(Barrier& b, int count, const char* what) {
+  const long g = b.generation;
+  bar_arrive(b, count);
+  wait_until([&] { return b.generation != g; }, what);
+}
+inline Barrier block_barrier;
+inline Barrier named[16];
+inline std::vector<Barrier> warp_barriers;
+inline std::vector<std::array<uint64_t, 4>> slots;  // what each thread puts on its warp's table
+
+inline int lane() { return int(thread_idx.x % 32); }
+inline int warp() { return int(thread_idx.x / 32); }
+inline void warp_sync() { bar_sync(warp_barriers[warp()], 32, "a warp exchange"); }
+
+// ---- mbarriers, found by their shared-memory address ----
+struct Mbar {
+  int expected = 0, pending = 0;
+  long tx = 0, phase = 0;  // phase: how many phases have completed
+};
+inline std::map<const void*, Mbar> mbars;
+inline Mbar& mbar(const void* p) {
+  auto it = mbars.find(p);
+  if (it == mbars.end()) throw std::logic_error("emulated mbarrier used before mbarrier.init");
+  return it->second;
+}
+inline void mbar_check(Mbar& m) {
+  if (m.pending == 0 && m.tx == 0) ++m.phase, m.pending = m.expected;
+}
+// TMA copies not landed yet, per barrier: they land when a thread waits on that barrier (the latest moment the
+// rules allow), so a kernel that reads a tile without waiting for its barrier reads garbage and fails.
+struct Copy {
+  void* dst;
+  const void* map;
+  int c0, c1, c2;
+};
+inline std::map<const void*, std::vector<Copy>> in_flight;
+
+}  // namespace emu9
+
+#define threadIdx (emu9::thread_idx)
+#define blockIdx (emu9::block_idx)
+inline void __syncthreads() { emu9::bar_sync(emu9::block_barrier, emu9::n_threads, "__syncthreads"); }
+template <class X>
+inline X exchange(X x, int src_lane) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof(X));
+  emu9::slots[threadIdx.x][0] = bits;
+  emu9::warp_sync();
+  const uint64_t other = emu9::slots[emu9::warp() * 32 + src_lane][0];
+  emu9::warp_sync();
+  X y;
+  std::memcpy(&y, &other, sizeof(X));
+  return y;
+}
+inline float __shfl_xor_sync(unsigned, float x, int mask) { return exchange(x, emu9::lane() ^ mask); }
+inline int __shfl_sync(unsigned, int x, int src) { return exchange(x, src); }
+
+// CUDA's types and checks, as far as the host code of the steps uses them.
+struct CUtensorMap {  // what cuTensorMapEncodeTiled would encode: a [planes][rows][cols] 16-bit tensor, a box
+  const void* base = nullptr;
+  int cols = 0, rows = 0, planes = 0, box_rows = 0;
+};
+#define CUDA_CHECK(x) (x)
+#define CHECK_LAUNCH()
+
+namespace fa {  // the kernels' 16-bit type is the host's own here
+template <class T>
+struct CudaType {
+  using type = T;
+};
+template <class T>
+T* cuda_ptr(T* p) {
+  return p;
+}
+}  // namespace fa
+
+namespace wsq {
+
+inline uint16_t bits16(float x, bool half) {
+  return half ? fa::from_float<fa::half_t>(x).bits : fa::from_float<fa::bfloat16_t>(x).bits;
+}
+inline float value16(uint16_t b, bool half) { return half ? fa::to_float(fa::half_t{b}) : fa::to_float(fa::bfloat16_t{b}); }
+template <class T>
+inline uint32_t pack2(float lo, float hi) {
+  constexpr bool h = std::is_same_v<T, fa::half_t>;
+  return uint32_t(bits16(lo, h)) | (uint32_t(bits16(hi, h)) << 16);
+}
+inline float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+namespace {
+alignas(1024) unsigned char smem_raw[232 * 1024];  // the kernels' `extern __shared__` array (one block at a time)
+}  // namespace
+inline uint32_t smem_addr(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - smem_raw); }
+
+namespace sm90 {
+
+inline void mbar_init(uint64_t* bar, int count) { emu9::mbars[bar] = {count, count, 0, 0}; }
+inline void fence_barrier_init() {}
+inline void mbar_arrive(uint64_t* bar) {
+  emu9::Mbar& m = emu9::mbar(bar);
+  --m.pending;
+  emu9::mbar_check(m);
+}
+inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  emu9::Mbar& m = emu9::mbar(bar);
+  m.tx += bytes, --m.pending;
+  emu9::mbar_check(m);
+}
+inline void land(uint64_t* bar);
+inline void mbar_wait(uint64_t* bar, int parity) {
+  emu9::Mbar& m = emu9::mbar(bar);
+  emu9::wait_until([&] { return land(bar), (m.phase & 1) != parity; }, "an mbarrier phase");
+}
+template <int N>
+inline void setmaxnreg_dec() {}
+template <int N>
+inline void setmaxnreg_inc() {}
+inline void named_bar_sync(int id, int threads) { emu9::bar_sync(emu9::named[id], threads, "a named barrier"); }
+inline void named_bar_arrive(int id, int threads) { emu9::bar_arrive(emu9::named[id], threads); }
+
+// One box of kPanelCols columns x box_rows rows of one plane, swizzled into shared memory; its bytes counted.
+inline void copy_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = static_cast<const uint16_t*>(map->base);
+  for (int r = 0; r < map->box_rows; ++r)
+    for (int c = 0; c < kPanelCols; ++c) {
+      const int row = c1 + r, col = c0 + c;
+      const bool inside = row < map->rows && col < map->cols && c2 < map->planes;
+      const uint16_t x = inside ? in[(size_t(c2) * map->rows + row) * map->cols + col] : 0;
+      std::memcpy(out + swizzle128(uint32_t(r) * kRowBytes + c * 2), &x, 2);
+    }
+  emu9::Mbar& m = emu9::mbar(bar);
+  m.tx -= long(map->box_rows) * kRowBytes;
+  emu9::mbar_check(m);
+}
+inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  emu9::in_flight[bar].push_back({dst, map, c0, c1, c2});
+}
+inline void land(uint64_t* bar) {
+  auto it = emu9::in_flight.find(bar);
+  if (it == emu9::in_flight.end()) return;
+  const std::vector<emu9::Copy> copies = std::move(it->second);
+  emu9::in_flight.erase(it);
+  for (const emu9::Copy& c : copies) copy_box(c.dst, static_cast<const CUtensorMap*>(c.map), bar, c.c0, c.c1, c.c2);
+}
+
+inline uint64_t desc_k_major(const void* tile) { return k_major_desc(smem_addr(tile)); }
+inline uint64_t desc_mn_major(const void* tile, uint32_t panel) { return mn_major_desc(smem_addr(tile), panel); }
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {}
+template <int N>
+inline void fence_operands(float (&)[N]) {}
+
+// The 16-bit value at a descriptor's element, the canonical layouts of the PTX ISA (128-byte swizzle).
+inline uint16_t at_k_major(uint64_t d, int row, int k) {
+  const uint32_t start = uint32_t(d & 0x3FFF) << 4, stride = uint32_t((d >> 32) & 0x3FFF) << 4;
+  uint16_t x;
+  std::memcpy(&x, smem_raw + swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k * 2), 2);
+  return x;
+}
+inline uint16_t at_mn_major(uint64_t d, int k, int n) {
+  const uint32_t start = uint32_t(d & 0x3FFF) << 4, leading = uint32_t((d >> 16) & 0x3FFF) << 4,
+                 stride = uint32_t((d >> 32) & 0x3FFF) << 4;
+  uint16_t x;
+  std::memcpy(&x, smem_raw + swizzle128(start + (n % 64) * 2 + (n / 64) * leading + (k % 8) * 128 + (k / 8) * stride), 2);
+  return x;
+}
+
+// This thread's accumulators of a 64 x N product: register 4n + e at row 16 w + g + 8 (e / 2), column 8n + 2t + e % 2.
+template <int N, class A, class B>
+inline void accumulate(float* d, A a_at, B b_at, bool accumulate) {
+  const int w = emu9::warp() % 4, g = emu9::lane() / 4, t = emu9::lane() % 4;
+  for (int n = 0; n < N / 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
+      float acc = accumulate ? d[4 * n + e] : 0.f;
+      for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, col);
+      d[4 * n + e] = acc;
+    }
+}
+
+template <class T>
+inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
+  constexpr bool h = std::is_same_v<T, fa::half_t>;
+  accumulate<128>(
+      d, [&](int row, int k) { return value16(at_k_major(desc_a, row, k), h); },
+      [&](int k, int col) { return value16(at_k_major(desc_b, col, k), h); }, accumulate_d != 0);
+}
+
+// A from registers: the rows this lane needs are held by the 4 lanes of its quad (mma.sync's A layout).
+template <class T, int N>
+inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  constexpr bool h = std::is_same_v<T, fa::half_t>;
+  for (int x = 0; x < 4; ++x) emu9::slots[threadIdx.x][x] = a[x];
+  emu9::warp_sync();
+  float A[16][16];  // rows 16 w .. 16 w + 15 of A, as seen by this warp
+  const int base = emu9::warp() * 32;
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 8; ++e) {
+      const uint16_t bits = uint16_t(emu9::slots[base + l][e / 2] >> (16 * (e % 2)));
+      A[g + 8 * ((e / 2) % 2)][2 * t + e % 2 + 8 * (e >= 4)] = value16(bits, h);
+    }
+  }
+  emu9::warp_sync();
+  accumulate<N>(
+      d, [&](int row, int k) { return A[row % 16][k]; }, [&](int k, int col) { return value16(at_mn_major(desc_b, k, col), h); },
+      true);
+}
+
+template <class T>
+CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int box_rows) {
+  return {base, head_dim, rows, planes, box_rows};
+}
+
+template <class Tc>
+using TmaKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, Tc*, float*);
+// The grid, blocks one after another, each with `threads` emulated threads.
+template <class Tc>
+void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
+                const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
+  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
+  static TmaKernel<Tc> kk;
+  static CUtensorMap mq, mk, mv;
+  static const fa::Problem* pp;
+  static Tc* oo;
+  static float* ll;
+  kk = kernel, mq = q, mk = k, mv = v, pp = &p, oo = o, ll = lse;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::memset(smem_raw, 0xA5, sizeof(smem_raw));  // garbage, like real shared memory
+        emu9::mbars.clear();
+        emu9::in_flight.clear();
+        emu9::block_barrier = {};
+        for (emu9::Barrier& b : emu9::named) b = {};
+        emu9::warp_barriers.assign(threads / 32, {});
+        emu9::slots.assign(threads, {});
+        emu9::body = [] { kk(mq, mk, mv, *pp, oo, ll); };
+        emu9::run_block(threads, dim3(bx, by, bz));
+      }
+}
+
+}  // namespace sm90
+}  // namespace wsq
+
+#define WSQ_INSTANTIATE(fn)                                                                                      \
+  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,       \
+                               fa::half_t*, float*);                                                             \
+  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
+                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*);
