@@ -47,10 +47,4 @@ void launch_masked(MaskedKernel<typename fa::CudaType<T>::type> kernel, int Br, 
 
 }  // namespace wsq
 
-// Explicit instantiations of a step's host function for both dtypes.
-#define WSQ_INSTANTIATE(fn)                                                                                      \
-  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,       \
-                               fa::half_t*, float*);                                                             \
-  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
-                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*);
 #endif  // WSQ_LAUNCH_CUH

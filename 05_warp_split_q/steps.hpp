@@ -1,5 +1,6 @@
 // The host functions of the ladder's steps, one per kernel file (the registry in warp_split_q.cu lists them).
 #pragma once
+#include "dtype.hpp"
 #include "problem.hpp"
 
 namespace wsq {
@@ -19,3 +20,10 @@ WSQ_DECLARE(forward_v9_wgmma_tma)  // steps 9 and 10: sm_90a only (built when WS
 WSQ_DECLARE(forward_v10_pingpong)
 #undef WSQ_DECLARE
 }  // namespace wsq
+
+// Explicit instantiations of a step's host function for both dtypes (at the end of each step file).
+#define WSQ_INSTANTIATE(fn)                                                                                      \
+  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,       \
+                               fa::half_t*, float*);                                                             \
+  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
+                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*);

@@ -21,16 +21,8 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   echo "docs/io.md shows the method and the commands; the traffic models themselves are CPU-tested." >&2
   exit 1
 fi
-NCU=${NCU:-$(command -v ncu || true)}
-for guess in "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/ncu" /usr/local/cuda/bin/ncu \
-             /usr/local/cuda/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu; do
-  [ -n "$NCU" ] || { [ -x "$guess" ] && NCU=$guess; }
-done
-if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then
-  echo "io_counters.sh: Nsight Compute's ncu was not found (not on PATH, not in the CUDA toolkit's bin)." >&2
-  echo "Install it with the CUDA toolkit (package nsight-compute) or point NCU=/path/to/ncu at it." >&2
-  exit 1
-fi
+. scripts/find_ncu.sh
+find_ncu io_counters.sh
 command -v python3 >/dev/null || { echo "io_counters.sh: python3 is needed to add up the counters" >&2; exit 1; }
 for prog in 00_naive/naive 03_fa1_backward/fa1_backward 04_fa2/fa2 05_warp_split_q/warp_split_q \
             06_flash_decoding/flash_decoding; do

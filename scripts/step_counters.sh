@@ -21,16 +21,8 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   echo "docs/measuring.md (section 5) shows the method and the command; 05's README shows what is pending." >&2
   exit 1
 fi
-NCU=${NCU:-$(command -v ncu || true)}
-for guess in "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/ncu" /usr/local/cuda/bin/ncu \
-             /usr/local/cuda/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu; do
-  [ -n "$NCU" ] || { [ -x "$guess" ] && NCU=$guess; }
-done
-if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then
-  echo "step_counters.sh: Nsight Compute's ncu was not found (not on PATH, not in the CUDA toolkit's bin)." >&2
-  echo "Install it with the CUDA toolkit (package nsight-compute) or point NCU=/path/to/ncu at it." >&2
-  exit 1
-fi
+. scripts/find_ncu.sh
+find_ncu step_counters.sh
 command -v python3 >/dev/null || { echo "step_counters.sh: python3 is needed to read the counters" >&2; exit 1; }
 PROG=$B/05_warp_split_q/warp_split_q
 [ -x "$PROG" ] || { echo "step_counters.sh: $PROG not found: build first (README, Quick start)" >&2; exit 1; }

@@ -28,15 +28,10 @@
 #include <vector>
 
 #include "dtype.hpp"
+#include "emu_common.hpp"
 #include "../frag.hpp"
 #include "problem.hpp"
 
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__
-#define __align__(n) __attribute__((aligned(n)))
-#define __launch_bounds__(...)
 
 struct dim3_ {
   unsigned x = 0, y = 0, z = 0;
@@ -45,7 +40,6 @@ struct alignas(16) uint4 {
   uint32_t x, y, z, w;
 };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
-inline int min(int a, int b) { return a < b ? a : b; }
 
 namespace emu {
 
@@ -135,29 +129,8 @@ inline float atomicAdd(float* p, float x) {  // one OS thread: nothing runs in b
   return old;
 }
 
-namespace fa {  // the kernels' 16-bit type is the host's own here
-template <class T>
-struct CudaType {
-  using type = T;
-};
-template <class T>
-T* cuda_ptr(T* p) {
-  return p;
-}
-}  // namespace fa
-
 namespace wsq {
 
-inline uint16_t bits16(float x, bool half) {
-  return half ? fa::from_float<fa::half_t>(x).bits : fa::from_float<fa::bfloat16_t>(x).bits;
-}
-inline float value16(uint16_t b, bool half) { return half ? fa::to_float(fa::half_t{b}) : fa::to_float(fa::bfloat16_t{b}); }
-
-template <class T>
-inline uint32_t pack2(float lo, float hi) {
-  constexpr bool h = std::is_same_v<T, fa::half_t>;
-  return uint32_t(bits16(lo, h)) | (uint32_t(bits16(hi, h)) << 16);
-}
 template <class T>
 inline uint32_t pack2_bits(const T& lo, const T& hi) {
   return uint32_t(lo.bits) | (uint32_t(hi.bits) << 16);
@@ -302,9 +275,3 @@ void launch_masked(MaskedKernel<T> kernel, int Br, int threads, size_t smem_byte
 }  // namespace
 
 }  // namespace wsq
-
-#define WSQ_INSTANTIATE(fn)                                                                                      \
-  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,       \
-                               fa::half_t*, float*);                                                             \
-  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
-                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*);

@@ -39,20 +39,14 @@
 #include "../frag.hpp"
 #include "../sm90_layout.hpp"
 #include "dtype.hpp"
+#include "emu_common.hpp"
 #include "problem.hpp"
 
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__
-#define __grid_constant__
-#define __launch_bounds__(...)
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-inline int min(int a, int b) { return a < b ? a : b; }
 
 namespace emu9 {
 
@@ -195,28 +189,8 @@ struct CUtensorMap {  // what cuTensorMapEncodeTiled would encode: a [planes][ro
 #define CUDA_CHECK(x) (x)
 #define CHECK_LAUNCH()
 
-namespace fa {  // the kernels' 16-bit type is the host's own here
-template <class T>
-struct CudaType {
-  using type = T;
-};
-template <class T>
-T* cuda_ptr(T* p) {
-  return p;
-}
-}  // namespace fa
-
 namespace wsq {
 
-inline uint16_t bits16(float x, bool half) {
-  return half ? fa::from_float<fa::half_t>(x).bits : fa::from_float<fa::bfloat16_t>(x).bits;
-}
-inline float value16(uint16_t b, bool half) { return half ? fa::to_float(fa::half_t{b}) : fa::to_float(fa::bfloat16_t{b}); }
-template <class T>
-inline uint32_t pack2(float lo, float hi) {
-  constexpr bool h = std::is_same_v<T, fa::half_t>;
-  return uint32_t(bits16(lo, h)) | (uint32_t(bits16(hi, h)) << 16);
-}
 inline float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -384,9 +358,3 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
 
 }  // namespace sm90
 }  // namespace wsq
-
-#define WSQ_INSTANTIATE(fn)                                                                                      \
-  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,       \
-                               fa::half_t*, float*);                                                             \
-  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
-                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*);
