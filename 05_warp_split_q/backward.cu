@@ -15,17 +15,12 @@ const std::vector<BackwardStep>& backward_steps() {
        backward_v2_regs<fa::half_t>, backward_v2_regs<fa::bfloat16_t>},
       {"bwd_v3_cp_async", "cp.async double buffer: the next Q_i, dO_i load while this tile computes",
        backward_v3_cp_async<fa::half_t>, backward_v3_cp_async<fa::bfloat16_t>},
+      {"bwd_v4_exp2", "line 6 in fewer instructions: exp2 with tau*log2(e) in one FMA, the mask tested once per tile",
+       backward_v4_exp2<fa::half_t>, backward_v4_exp2<fa::bfloat16_t>},
+      {"bwd_v5_vec_atomic", "dQ's atomics on float2 (sm_90): half the atomic instructions, full 32-byte sectors",
+       backward_v5_vec_atomic<fa::half_t>, backward_v5_vec_atomic<fa::bfloat16_t>},
   };
   return steps;
-}
-
-const BackwardStep& find_backward_step(const std::string& name) {
-  std::string names;
-  for (const BackwardStep& s : backward_steps()) {
-    if (name == s.name) return s;
-    names += std::string(names.empty() ? "" : ", ") + s.name;
-  }
-  throw fa::UsageError("--bwd-kernel must be all or one of " + names + " (got '" + name + "')");
 }
 
 BackwardTiles backward_tiles(int head_dim) {

@@ -38,9 +38,6 @@ struct BackwardStep {
 
 // The backward's ladder; the last is the fastest.
 const std::vector<BackwardStep>& backward_steps();
-// The step called `name`; fa::UsageError listing the names if there is none.
-const BackwardStep& find_backward_step(const std::string& name);
-
 // A step's function for dtype T (T = fa::half_t or fa::bfloat16_t).
 template <class T>
 BackwardFn<T> backward_fn(const BackwardStep& s);

@@ -31,6 +31,9 @@ struct DqTile {
 // P^T / dS^T tiles at d = 128 have rows of Br = 32 values (4 units), so padding is the one rule that fits all.
 constexpr int kPad = 8;
 
+// P = exp(x) is computed as 2^(x log2(e)): MUFU.EX2 is the hardware's exponential (step 4, the dQ kernel).
+constexpr float kLog2e = 1.4426950408889634f;
+
 // Rows [row0, row0 + Rows) of a [n_rows, D] matrix -> shared [Rows][D + kPad]; rows past n_rows are zero.
 template <class T, int Rows, int D, int Threads>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int row0, int n_rows) {

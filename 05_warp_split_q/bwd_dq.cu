@@ -7,7 +7,7 @@
 //   line 12  for each K/V block j up to the last key the block's last row sees (causal: the rest skipped)
 //   line 13    load K_j, V_j
 //   line 14    S = Q_i K_j^T, dP = dO_i V_j^T       (B operands K_j, V_j stored [key][d] = [n][k]: ldmatrix)
-//   line 15    P = exp(tau S - L), dS = P o (dP - D), masked: 0
+//   line 15    P = exp(tau S - L) = 2^(tau log2(e) S - log2(e) L), dS = P o (dP - D), masked: 0 (tested per tile)
 //   line 16    dQ_i += dS K_j                       (dS: C fragments packed into A fragments, no shared memory;
 //                                                    K_j stored [key][d] = [k][n]: ldmatrix .trans)
 //   then dQ_i *= tau, written in fp32.
@@ -42,16 +42,17 @@ __global__ void __launch_bounds__(DqTile::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wr = 16 * warp;  // the warp's first row in the block
   const float tau = p.softmax_scale();
+  const float tau_log2 = tau * kLog2e;
   const T* K = k + p.kv_offset(b, hk);
   const T* V = v + p.kv_offset(b, hk);
 
   load_tile<T, Br, D, kThreads>(Qs, q + p.q_offset(b, h), i0, p.q_len);  // line 11
   load_tile<T, Br, D, kThreads>(dOs, dout + p.q_offset(b, h), i0, p.q_len);
-  float L[2], Di[2];  // rows g and g + 8 of the warp's C fragments
+  float L2[2], Di[2];  // rows g and g + 8 of the warp's C fragments; L2 = L log2(e)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = i0 + wr + frag::group(lane) + 8 * r;
-    L[r] = i < p.q_len ? lse[p.lse_offset(b, h) + i] : 0.f;
+    L2[r] = i < p.q_len ? lse[p.lse_offset(b, h) + i] * kLog2e : 0.f;
     Di[r] = i < p.q_len ? Dv[p.lse_offset(b, h) + i] : 0.f;
   }
   float acc[kTilesD][4] = {};
@@ -79,17 +80,20 @@ __global__ void __launch_bounds__(DqTile::kThreads)
       }
     }
 
-    const bool need_mask = needs_mask(p, i0, Br, j0, Bc);  // line 15; dS overwrites s
 #pragma unroll
-    for (int n = 0; n < kTilesK; ++n)
+    for (int n = 0; n < kTilesK; ++n)  // line 15 in base 2, as the K/V kernel of step 4; dS overwrites s
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const frag::RowCol c = frag::c_elem(lane, e);
-        const int i = i0 + wr + c.row;
-        const bool keep = !need_mask || (i < p.q_len && p.visible(i, j0 + 8 * n + c.col));
-        const float P = keep ? expf(tau * s[n][e] - L[e >> 1]) : 0.f;
-        s[n][e] = P * (dp[n][e] - Di[e >> 1]);
-      }
+      for (int e = 0; e < 4; ++e) s[n][e] = exp2f(fmaf(s[n][e], tau_log2, -L2[e >> 1])) * (dp[n][e] - Di[e >> 1]);
+    if (needs_mask(p, i0, Br, j0, Bc)) {  // the mask, once per tile; what it zeroes may be inf or NaN above
+#pragma unroll
+      for (int n = 0; n < kTilesK; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const frag::RowCol c = frag::c_elem(lane, e);
+          const int i = i0 + wr + c.row;
+          if (!(i < p.q_len && p.visible(i, j0 + 8 * n + c.col))) s[n][e] = 0.f;
+        }
+    }
 
 #pragma unroll
     for (int kk = 0; kk < kStepsK; ++kk) {  // line 16: the C fragments of dS for keys 16kk.. are its A fragment

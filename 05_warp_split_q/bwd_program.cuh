@@ -53,8 +53,7 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Prob
 
   bool ok = true;
   double best_ms = 0;
-  for (const BackwardStep& s : backward_steps()) {
-    if (!only_step.empty() && only_step != "all" && only_step != s.name) continue;
+  for (const BackwardStep& s : fa::select_steps(backward_steps(), only_step, "--bwd-kernel")) {
     for (DqMode mode : {DqMode::Atomic, DqMode::Deterministic}) {
       const std::string name = std::string(s.name) + (mode == DqMode::Atomic ? "_atomic_dq" : "_determ_dq");
       auto run = [&] {
@@ -104,7 +103,7 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Prob
 inline bool run_backward_section(const fa::Options& opts, fa::Dtype t, const fa::Problem& p, const fa::HostTensors& in,
                                  const std::string& only_step, std::vector<fa::ResultRow>& rows) {
   if (in.dout.empty()) throw fa::UsageError("the backward needs dO: load the inputs with backward = true");
-  if (!only_step.empty() && only_step != "all") find_backward_step(only_step);  // UsageError naming the steps
+  fa::select_steps(backward_steps(), only_step, "--bwd-kernel");  // a UsageError naming the steps, before GPU work
   return t == fa::Dtype::fp16 ? run_backward_section_t<fa::half_t>(opts, t, p, in, only_step, rows)
                               : run_backward_section_t<fa::bfloat16_t>(opts, t, p, in, only_step, rows);
 }

@@ -10,5 +10,7 @@ namespace wsq {
 WSQ_BWD_DECLARE(backward_v1_mma)
 WSQ_BWD_DECLARE(backward_v2_regs)
 WSQ_BWD_DECLARE(backward_v3_cp_async)
+WSQ_BWD_DECLARE(backward_v4_exp2)
+WSQ_BWD_DECLARE(backward_v5_vec_atomic)
 #undef WSQ_BWD_DECLARE
 }  // namespace wsq

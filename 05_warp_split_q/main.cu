@@ -176,7 +176,8 @@ int main(int argc, char** argv) try {
   cli.add_flag("--backward", &f.backward,
                "also run, check and time the backward steps (both dQ modes) and 04's backward (BACKWARD.md)");
   cli.add_option("--bwd-kernel", &f.bwd_kernel,
-                 "with --backward: all, or one step: bwd_v1_mma, bwd_v2_regs, bwd_v3_cp_async (default all)");
+                 "with --backward: all, or steps separated by commas: " + fa::step_names(wsq::backward_steps()) +
+                     " (default all)");
   cli.add_option("--block-mask", &f.block_mask,
                  "also run step 8 block-sparse (blocks of 128 queries x 64 keys), next to the dense steps: local:W, "
                  "strided:S, random:DENSITY[:SEED], or a uint8/bool .npy [Tr, Tc] (04's README, section 6)");
@@ -187,7 +188,7 @@ int main(int argc, char** argv) try {
   if (f.kernel == "none" && !f.backward)
     throw fa::UsageError("--kernel none runs no forward step: it is meant for --backward alone");
   if (f.kernel != "none") fa::select_steps(wsq::forward_steps(), f.kernel);
-  if (f.bwd_kernel != "all") wsq::find_backward_step(f.bwd_kernel);
+  fa::select_steps(wsq::backward_steps(), f.bwd_kernel, "--bwd-kernel");
 
   // 2. The problem, this chapter's limits, the inputs rounded to the dtype (bad input: exit 2).
   const fa::Problem p = fa::input_problem(opts, f.backward);

@@ -161,15 +161,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto softmax = [&](int tile, float (&alpha)[2]) {
     const int j0 = tile * Bc;
     // S's C fragment: n-tile n, element e -> row r0 + 8 (e / 2), key j0 + 8 n + 2 t + e % 2. Only a tile that
-    // crosses the causal diagonal or the end of the keys needs the per-element test.
+    // crosses the causal diagonal or the end of the keys needs the per-element test, and the test sits behind one
+    // branch per tile: written into each element's expression (keep = !need_mask || visible), it compiled to a
+    // test and a branch per element in every tile of a causal problem, half again the softmax's instructions.
     const bool need_mask = j0 + Bc > p.kv_len || (p.causal && j0 + Bc - 1 > i0 + p.causal_shift());
-    #pragma unroll
-    for (int n = 0; n < kTilesS; ++n)
+    if (need_mask) {
       #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool keep = !need_mask || p.visible(i0 + r0 + 8 * (e / 2), j0 + 8 * n + 2 * t + e % 2);
-        s_acc[4 * n + e] = keep ? s_acc[4 * n + e] * scale_log2 : -INFINITY;
-      }
+      for (int n = 0; n < kTilesS; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!p.visible(i0 + r0 + 8 * (e / 2), j0 + 8 * n + 2 * t + e % 2)) s_acc[4 * n + e] = -INFINITY;
+    }
+    #pragma unroll
+    for (int x = 0; x < Bc / 2; ++x) s_acc[x] *= scale_log2;
     #pragma unroll
     for (int r = 0; r < 2; ++r) {  // row r0 + 8r; the 4 lanes of a group share the row
       float mx = m[r];

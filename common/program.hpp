@@ -53,7 +53,8 @@ std::string step_names(const std::vector<Step>& steps) {
   return names;
 }
 template <class Step>
-std::vector<Step> select_steps(const std::vector<Step>& steps, const std::string& kernel) {
+std::vector<Step> select_steps(const std::vector<Step>& steps, const std::string& kernel,
+                               const std::string& flag = "--kernel") {
   if (kernel == "all") return steps;
   std::vector<Step> chosen;  // "a,b": several steps, in the order given
   for (size_t start = 0; start <= kernel.size();) {
@@ -63,7 +64,7 @@ std::vector<Step> select_steps(const std::vector<Step>& steps, const std::string
     for (const Step& s : steps)
       if (s.name == name) chosen.push_back(s), found = true;
     if (!found)
-      throw UsageError("--kernel " + name + ": no such step (one of " + step_names(steps) + ", a comma-separated list, or all)");
+      throw UsageError(flag + " " + name + ": no such step (one of " + step_names(steps) + ", a comma-separated list, or all)");
     start = end + 1;
   }
   return chosen;
