@@ -342,14 +342,15 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
   const int g = frag::group(lane), t = frag::thread_in_group(lane);
   auto Ks_of = [&](int stage) { return reinterpret_cast<T*>(smem + stage * L::kStage + warp * L::kKVWarp); };
 
-  // line 1, for the two rows of this lane (row g + 8h of the tile): their query index (-1: padding) and Q fragments
-  int query[2];
+  // line 1, for the two rows of this lane (row g + 8h of the tile): Q's fragments (a padding row: zeros), and the end
+  // of the keys the row sees in this split (line 6: a row sees a prefix of the keys; a padding row sees none)
   const T* q_row[2];
+  int seen_end[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
-    query[h] = r < nrows ? a.rows.query(r0 + r) : -1;
-    q_row[h] = r < nrows ? a.q + a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(query[h]) * D : nullptr;
+    q_row[h] = r < nrows ? a.q + a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(a.rows.query(r0 + r)) * D : nullptr;
+    seen_end[h] = r < nrows ? min(keys.end, pb.visible_keys(a.rows.query(r0 + r))) : keys.begin;
   }
   uint32_t qf[kStepsQK][4];
 #pragma unroll
@@ -395,17 +396,13 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
         wsq::mma_16816<T>(s[2 * np], qf[ks], kb);
         wsq::mma_16816<T>(s[2 * np + 1], qf[ks], kb + 2);
       }
-    // line 6': scale; mask padding rows, keys past the split and (causal) keys a row does not see. Only a chunk that
-    // crosses the split's end or the causal diagonal needs the per-key test (query 0 seeing the chunk's last key
-    // means every query sees every key of it).
-    const bool per_key = c0 + kKeysPerWarp > keys.end || !pb.visible(0, c0 + kKeysPerWarp - 1);
+    // line 6': scale, and mask what a row does not see: keys past the split, causal keys, everything for padding
 #pragma unroll
     for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int qi = query[e >> 1], key = c0 + 8 * n + frag::c_elem(lane, e).col;
-        const bool keep = qi >= 0 && (!per_key || (key < keys.end && pb.visible(qi, key)));
-        s[n][e] = keep ? s[n][e] * scale : -INFINITY;
+        const int key = c0 + 8 * n + frag::c_elem(lane, e).col;
+        s[n][e] = key < seen_end[e >> 1] ? s[n][e] * scale : -INFINITY;
       }
     // lines 7'-8': per row, the running max over the quad, P = e^(S - m_new), l and O~ rescaled
 #pragma unroll

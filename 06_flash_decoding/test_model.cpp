@@ -393,7 +393,7 @@ TEST_CASE("06 model: one split_kv_mma chunk lane by lane: S = Q K_j^T and O~ = P
             float ref = 0.f;
             for (int c = 0; c < D; ++c) ref += Q[rc.row * D + c] * Ks[key * ld + c];
             CHECK(s[n][L][e] == ref);
-            CHECK(rc.row / 8 == e / 2);                      // query[e >> 1]: e < 2 is row g, e >= 2 row g + 8
+            CHECK(rc.row / 8 == e / 2);                      // seen_end[e >> 1]: e < 2 is row g, e >= 2 row g + 8
             CHECK(rc.row % 8 == frag::group(L));             // a quad (same g) shares its rows: quad_max, quad_sum
             seen.insert({rc.row, key});
           }
