@@ -324,6 +324,8 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
 // without .trans. V_j as [key][d] is B (k = key, n = d) stored row by row: ldmatrix .trans. The rows' 16-byte padding
 // that keeps the CUDA-core reads conflict-free also gives each 8-row ldmatrix phase 8 distinct groups of 4 banks.
 // Per warp and chunk at d = 128: 32 + 32 mma.sync and 16 + 16 ldmatrix.x4 (README §4.3 counts the rest).
+// Shared memory (Smem<D, 16, Stages, true>): the K/V stages and the merge weights alone, Q and P being registers:
+// 139,648 bytes with two stages at d = 128 (74,112 at d = 64); one block per SM.
 template <class T, int D, bool Paged, int Stages>
 __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int hk, int r0, int nrows, KeyRange keys,
                                            const fa::Problem& pb, char* smem) {
@@ -342,7 +344,7 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
   const int g = frag::group(lane), t = frag::thread_in_group(lane);
   auto Ks_of = [&](int stage) { return reinterpret_cast<T*>(smem + stage * L::kStage + warp * L::kKVWarp); };
 
-  // line 1, for the two rows of this lane (row g + 8h of the tile): Q's fragments (a padding row: zeros), and the end
+  // line 1', for the two rows of this lane (row g + 8h of the tile): Q's fragments (a padding row: zeros), and the end
   // of the keys the row sees in this split (line 6: a row sees a prefix of the keys; a padding row sees none)
   const T* q_row[2];
   int seen_end[2];
@@ -363,7 +365,7 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
     }
 
   const float scale = a.p.softmax_scale();
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 3, rows g and g + 8
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 3, rows g and g + 8 of the tile
   float acc[kTilesO][4] = {};
 
   const int first = keys.begin + warp * kKeysPerWarp;
