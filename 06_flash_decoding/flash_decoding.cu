@@ -394,7 +394,8 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 #pragma unroll
       for (int ks = 0; ks < kStepsQK; ++ks) {
         uint32_t kb[4];
-        wsq::ldmatrix_x4(kb, Ks + (16 * np + frag::nk_tile_row(lane)) * L::kLdKV + 16 * ks + frag::nk_tile_col(lane));
+        const T* k_row = Ks + (16 * np + frag::nk_tile_row(lane)) * L::kLdKV + 16 * ks + frag::nk_tile_col(lane);
+        wsq::ldmatrix_x4(kb, k_row);
         wsq::mma_16816<T>(s[2 * np], qf[ks], kb);
         wsq::mma_16816<T>(s[2 * np + 1], qf[ks], kb + 2);
       }
@@ -440,7 +441,8 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 #pragma unroll
       for (int np = 0; np < kTilesO / 2; ++np) {
         uint32_t vb[4];
-        wsq::ldmatrix_x4_trans(vb, Vs + (16 * kk + frag::a_tile_row(lane)) * L::kLdKV + 16 * np + frag::a_tile_col(lane));
+        const T* v_row = Vs + (16 * kk + frag::a_tile_row(lane)) * L::kLdKV + 16 * np + frag::a_tile_col(lane);
+        wsq::ldmatrix_x4_trans(vb, v_row);
         wsq::mma_16816<T>(acc[2 * np], pf, vb);
         wsq::mma_16816<T>(acc[2 * np + 1], pf, vb + 2);
       }
@@ -795,7 +797,8 @@ Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max
       throw std::runtime_error(std::string(kernel.name) + " needs " + std::to_string(L::kBytes) +
                                " bytes of shared memory per block at head_dim " + std::to_string(D) +
                                "; this GPU allows " + std::to_string(limit) + " (sm_80 and sm_90 allow enough)");
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value, M>();
+    constexpr bool P = decltype(paged)::value, U = decltype(unified)::value, F = decltype(fused)::value;
+    auto fn = split_kernel_ready<T, D, R, P, U, St, F, M>();
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, fn, kThreads, L::kBytes));
   });
   l.max_splits = kernel.splits ? fdec_model::max_splits(max_len) : 1;
@@ -844,7 +847,8 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
               fallbacks,
               p.lse_elems(),
               fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr};
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value, M>();
+    constexpr bool P = decltype(paged)::value, U = decltype(unified)::value, F = decltype(fused)::value;
+    auto fn = split_kernel_ready<T, D, R, P, U, St, F, M>();
     fn<<<grid, kThreads, Smem<D, R, St, M>::kBytes>>>(a);
     CHECK_LAUNCH();
     if (launch.splits > 1 && !fused_merge) {

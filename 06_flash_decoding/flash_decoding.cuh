@@ -20,7 +20,9 @@ namespace fdec {
 
 // The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
 // over this one list.
-enum class Kernel { fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, unified_max, paged };
+enum class Kernel {
+  fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, unified_max, paged
+};
 struct KernelInfo {
   Kernel id;
   const char* name;
