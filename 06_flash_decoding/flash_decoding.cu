@@ -1,6 +1,7 @@
-// Chapter 06 kernels: split-KV decoding (Flash-Decoding), GQA packing, double-buffered K/V chunks, FlashDecoding++'s
-// unified max, a paged cache, the LSE merge, and the read-only ceiling. README §2-§6 derive each; the pseudo-code
-// lines are README Algorithm 1 (split) and Algorithm 2 (merge).
+// Chapter 06 kernels: split-KV decoding (Flash-Decoding), GQA packing, double-buffered K/V chunks, the merge in the
+// split kernel, the packed rows on tensor cores, FlashDecoding++'s unified max, a paged cache, the LSE merge, and the
+// read-only ceiling. README §2-§6 derive each; the pseudo-code lines are README Algorithm 1 (split), Algorithm 1'
+// (its lines 5-9 on tensor cores) and Algorithm 2 (merge).
 //
 // One block = (split s, row chunk, batch entry b x unit u); 128 threads = 4 warps. The block's query rows (1, 4 or
 // 16 of them: plan.hpp's row bucket) sit in shared memory as fp32, pre-scaled by the softmax scale. The split's keys
@@ -17,6 +18,8 @@
 // Shared memory: K, V chunks Stages x 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB per stage at d = 128, 36.9 KB at d = 64),
 // the merge scratch reuses the first stage; Q rows x d x 4 B and P 4 x rows x 32 x 4 B (8 KB each at 16 rows,
 // d = 128). Two stages at d = 128 and 16 rows: 152 KB, one block per SM (sm_80 allows 163 KB, sm_90 227 KB).
+// The tensor-core kernel (split_kv_mma, attend_mma below, README §4.3) keeps all of this but lines 1 and 5-9: Q and
+// P live in registers as mma fragments, so its shared memory is the K/V stages and the merge weights alone.
 #include "flash_decoding.cuh"
 
 #include <cuda_bf16.h>
@@ -34,6 +37,8 @@
 #include "lowp.cuh"
 #include "model.hpp"
 #include "plan.hpp"
+// Chapter 05's wrappers of mma.sync, ldmatrix and the fragment maps (frag.hpp): the same ones, not a copy.
+#include "../05_warp_split_q/ptx.cuh"
 
 namespace fdec {
 namespace {
@@ -131,17 +136,19 @@ __device__ __forceinline__ size_t key_row(const Args<T>& a, int b, int hk, int k
   }
 }
 
-// Shared-memory layout of a split block (bytes), for D, R rows and Stages K/V chunk buffers per warp.
-template <int D, int R, int Stages>
+// Shared-memory layout of a split block (bytes), for D, R rows and Stages K/V chunk buffers per warp. Mma: Q and P
+// are registers (attend_mma), so kQ = kP = 0.
+template <int D, int R, int Stages, bool Mma>
 struct Smem {
   static constexpr int kLdKV = D + kPadH;                                       // 16-bit elements per K/V row
   static constexpr int kKVWarp = 2 * kKeysPerWarp * kLdKV * 2;                   // one warp's K and V chunk
   static constexpr int kStage = kWarps * kKVWarp;                                // every warp's chunk, one stage
   static constexpr int kKV = Stages * kStage;
   static constexpr int kScratchWarp = R * (D + 3) * 4;                           // m, l, max, O~ per row
-  static constexpr int kQ = R * D * 4, kP = kWarps * R * kKeysPerWarp * 4, kFin = 2 * R * 4 + kWarps * R * 4;
+  static constexpr int kQ = Mma ? 0 : R * D * 4, kP = Mma ? 0 : kWarps * R * kKeysPerWarp * 4;
+  static constexpr int kFin = 2 * R * 4 + kWarps * R * 4;
   static constexpr int kBytes = kKV + kQ + kP + kFin;
-  static_assert(kBytes == split_smem_bytes(D, R, Stages), "plan.hpp's count (CPU-tested) is this layout's");
+  static_assert(kBytes == split_smem_bytes(D, R, Stages, Mma), "plan.hpp's count (CPU-tested) is this layout's");
   static_assert(Stages == 1 || Stages == 2, "one buffer per warp, or two (double buffering)");
   static_assert(kWarps * kScratchWarp <= kStage, "the merge scratch reuses the first stage's K/V chunk buffers");
   static_assert((kLdKV * 2) % 16 == 0 && kKVWarp % 16 == 0, "cp.async needs 16-byte aligned rows");
@@ -180,7 +187,7 @@ __device__ __forceinline__ void copy_chunk(const Args<T>& a, int b, int hk, int 
 template <class T, int D, int R, bool Paged, bool Unified, int Stages>
 __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
                                        const fa::Problem& pb, char* smem) {
-  using L = Smem<D, R, Stages>;
+  using L = Smem<D, R, Stages, false>;
   constexpr int kCols = D / 32;  // output columns per lane
   constexpr int kStride = kWarps * kKeysPerWarp;  // from one chunk of a warp to its next
   // cp.async groups a warp may leave in flight: K, V of the chunks copied ahead. Waiting down to kAhead + 1 groups
@@ -304,6 +311,164 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
   __syncthreads();
 }
 
+// Algorithm 1 with lines 5-9 on tensor cores (README §4.3, Algorithm 1'), for the block's rows padded to one 16-row
+// tile (rows >= nrows: Q = 0 and masked). The copies (line 4), the warps' chunks, the stages and lines 10-13 are
+// attend's and split_kernel's; what changes is who holds what. With g = lane / 4 and t = lane % 4 (frag.hpp):
+//   Q     A fragments of Q_i (16 x d, the dtype, unscaled), loaded from global memory once: lane holds rows g and
+//         g + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9 of every 16-column k-step (d / 16 x 4 registers);
+//   S     C fragments of S = Q K_j^T (16 x 32 keys, fp32): rows g and g + 8, keys 8n + 2t and 8n + 2t + 1 of n-tile n;
+//         the 4 lanes of a quad share the rows, so a row's max is a local max and 2 shuffles;
+//   P     the same registers, rounded to the dtype: the A fragments of P V_j (chapter 05's step 5);
+//   O~    C fragments of O~ (16 x d, fp32): rows g and g + 8, columns 8n + 2t and 8n + 2t + 1 (d / 2 floats).
+// K_j sits in shared memory as [key][d], which is the B operand (k = d, n = key) stored column by column: ldmatrix
+// without .trans. V_j as [key][d] is B (k = key, n = d) stored row by row: ldmatrix .trans. The rows' 16-byte padding
+// that keeps the CUDA-core reads conflict-free also gives each 8-row ldmatrix phase 8 distinct groups of 4 banks.
+// Per warp and chunk at d = 128: 32 + 32 mma.sync and 16 + 16 ldmatrix.x4 (README §4.3 counts the rest).
+// Shared memory (Smem<D, 16, Stages, true>): the K/V stages and the merge weights alone, Q and P being registers:
+// 139,648 bytes with two stages at d = 128 (74,112 at d = 64); one block per SM.
+template <class T, int D, bool Paged, int Stages>
+__device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int hk, int r0, int nrows, KeyRange keys,
+                                           const fa::Problem& pb, char* smem) {
+  namespace frag = wsq::frag;
+  constexpr int R = kMaxRows;
+  using L = Smem<D, R, Stages, true>;
+  constexpr int kStepsQK = D / 16;             // k-steps of S = Q K_j^T
+  constexpr int kTilesS = kKeysPerWarp / 8;    // n-tiles of S (8 keys each)
+  constexpr int kStepsPV = kKeysPerWarp / 16;  // k-steps of P V_j (16 keys each)
+  constexpr int kTilesO = D / 8;               // n-tiles of O~ (8 columns each)
+  constexpr int kStride = kWarps * kKeysPerWarp;
+  constexpr int kAhead = 2 * (Stages - 1);     // as in attend
+  static_assert(R == 16, "one mma.m16n8k16 tile of rows");
+  static_assert(kTilesS % 2 == 0 && kTilesO % 2 == 0, "ldmatrix.x4 loads the B fragments of two n-tiles");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = frag::group(lane), t = frag::thread_in_group(lane);
+  auto Ks_of = [&](int stage) { return reinterpret_cast<T*>(smem + stage * L::kStage + warp * L::kKVWarp); };
+
+  // line 1', for the two rows of this lane (row g + 8h of the tile): Q's fragments (a padding row: zeros), and the end
+  // of the keys the row sees in this split (line 6: a row sees a prefix of the keys; a padding row sees none)
+  const T* q_row[2];
+  int seen_end[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    q_row[h] = r < nrows ? a.q + a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(a.rows.query(r0 + r)) * D : nullptr;
+    seen_end[h] = r < nrows ? min(keys.end, pb.visible_keys(a.rows.query(r0 + r))) : keys.begin;
+  }
+  uint32_t qf[kStepsQK][4];
+#pragma unroll
+  for (int ks = 0; ks < kStepsQK; ++ks)
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {  // register reg holds elements 2 reg, 2 reg + 1: one row, two columns
+      const frag::RowCol rc = frag::a_elem(lane, 2 * reg);
+      const T* row = q_row[rc.row >= 8];
+      qf[ks][reg] = row ? *reinterpret_cast<const uint32_t*>(row + 16 * ks + rc.col) : 0u;
+    }
+
+  const float scale = a.p.softmax_scale();
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 3, rows g and g + 8 of the tile
+  float acc[kTilesO][4] = {};
+
+  const int first = keys.begin + warp * kKeysPerWarp;
+  int stage = 0;
+  for (int c0 = first; c0 < keys.end; c0 += kStride) {
+    T* Ks = Ks_of(stage);
+    T* Vs = Ks + kKeysPerWarp * L::kLdKV;
+    // line 4: exactly attend's
+    if constexpr (Stages == 2) {
+      if (c0 + kStride < keys.end) {
+        T* Kn = Ks_of(stage ^ 1);
+        copy_chunk<T, D, Paged>(a, b, hk, c0 + kStride, keys.end, Kn, Kn + kKeysPerWarp * L::kLdKV);
+      } else {
+        cp_async_commit(), cp_async_commit();
+      }
+    } else {
+      copy_chunk<T, D, Paged>(a, b, hk, c0, keys.end, Ks, Vs);
+    }
+    cp_async_wait<kAhead + 1>();
+    __syncwarp();
+
+    // line 5': S = Q K_j^T, fp32 accumulation; two n-tiles (16 keys) per ldmatrix.x4
+    float s[kTilesS][4] = {};
+#pragma unroll
+    for (int np = 0; np < kTilesS / 2; ++np)
+#pragma unroll
+      for (int ks = 0; ks < kStepsQK; ++ks) {
+        uint32_t kb[4];
+        const T* k_row = Ks + (16 * np + frag::nk_tile_row(lane)) * L::kLdKV + 16 * ks + frag::nk_tile_col(lane);
+        wsq::ldmatrix_x4(kb, k_row);
+        wsq::mma_16816<T>(s[2 * np], qf[ks], kb);
+        wsq::mma_16816<T>(s[2 * np + 1], qf[ks], kb + 2);
+      }
+    // line 6': scale, and mask what a row does not see: keys past the split, causal keys, everything for padding
+#pragma unroll
+    for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = c0 + 8 * n + frag::c_elem(lane, e).col;
+        s[n][e] = key < seen_end[e >> 1] ? s[n][e] * scale : -INFINITY;
+      }
+    // lines 7'-8': per row, the running max over the quad, P = e^(S - m_new), l and O~ rescaled
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int n = 0; n < kTilesS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      const float m_new = wsq::quad_max(mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid (-inf) - (-inf)
+      const float alpha = expf(m[h] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) sum += (s[n][e] = expf(s[n][e] - m_use));
+      l[h] = l[h] * alpha + sum;  // this lane's share of the row; the quad's 4 shares are added after the loop
+      m[h] = m_new;
+#pragma unroll
+      for (int n = 0; n < kTilesO; ++n) acc[n][2 * h] *= alpha, acc[n][2 * h + 1] *= alpha;
+    }
+    cp_async_wait<kAhead>();
+    __syncwarp();  // V_j has landed
+
+    // line 9': O~ += P V_j, P (rounded to the dtype) straight from the C fragments of S to the A fragments of P
+#pragma unroll
+    for (int kk = 0; kk < kStepsPV; ++kk) {
+      uint32_t pf[4];
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const float* c = s[2 * kk + frag::p_from_s_ntile(reg)] + frag::p_from_s_celem(reg);
+        pf[reg] = wsq::pack2<T>(c[0], c[1]);
+      }
+#pragma unroll
+      for (int np = 0; np < kTilesO / 2; ++np) {
+        uint32_t vb[4];
+        const T* v_row = Vs + (16 * kk + frag::a_tile_row(lane)) * L::kLdKV + 16 * np + frag::a_tile_col(lane);
+        wsq::ldmatrix_x4_trans(vb, v_row);
+        wsq::mma_16816<T>(acc[2 * np], pf, vb);
+        wsq::mma_16816<T>(acc[2 * np + 1], pf, vb + 2);
+      }
+    }
+    __syncwarp();  // every lane is done with K_j, V_j before the next chunk overwrites them
+    stage ^= Stages - 1;
+  }
+
+  // line 10: the warp's (m, l, m, O~) -> scratch, in attend's layout (the row's largest score is m itself)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l[h] = wsq::quad_sum(l[h]);
+  __syncthreads();
+  float* scratch = reinterpret_cast<float*>(smem) + warp * R * (D + 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* row = scratch + (g + 8 * h) * (D + 3);
+    if (t == 0) row[D] = m[h], row[D + 1] = l[h], row[D + 2] = m[h];
+#pragma unroll
+    for (int n = 0; n < kTilesO; ++n) {
+      const frag::RowCol rc = frag::c_elem(lane, 2 * h);
+      row[8 * n + rc.col] = acc[n][2 * h], row[8 * n + rc.col + 1] = acc[n][2 * h + 1];
+    }
+  }
+  __syncthreads();
+}
+
 // Algorithm 2 for one query row g, by one warp (lane owns d/32 columns): M over every split's LSE_s (lanes take
 // splits lane, lane + 32, ...), then the weighted sum in split order; empty splits (LSE_s = -inf) are skipped, so
 // their O_s is never read into the sum. The workspace is read with ld.global.cg (L2, not L1): in the fused kernel
@@ -342,12 +507,14 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, c
   merge_row<T, D>(g, rows, splits, ws_o, ws_lse, o, lse);
 }
 
-// The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R, Stages>::kBytes
+// The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R, Stages, Mma>::kBytes
 // dynamic. Fused: with more than one split, the last block of a (row chunk, batch entry x unit) to finish merges
 // its rows' partials itself (Algorithm 2, line 13 of Algorithm 1; README §4.2), so no merge kernel is launched.
-template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused>
+// Mma: lines 1 and 5-9 on tensor cores (attend_mma; README §4.3), the rest unchanged.
+template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused, bool Mma>
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
-  using L = Smem<D, R, Stages>;
+  using L = Smem<D, R, Stages, Mma>;
+  static_assert(!Mma || (R == kMaxRows && !Unified), "the tensor-core path: one 16-row tile, the running max");
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const int units = gridDim.z / a.p.batch;
@@ -366,18 +533,23 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
     if (first < keys.end) copy_chunk<T, D, Paged>(a, b, hk, first, keys.end, Ks, Ks + kKeysPerWarp * L::kLdKV);
   }
 
-  // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend)
-  float* Qs = reinterpret_cast<float*>(smem + L::kKV);
-  const float scale = a.p.softmax_scale();
-  for (int e = threadIdx.x; e < R * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    float x = 0.f;
-    if (r < nrows) x = float(a.q[a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(a.rows.query(r0 + r)) * D + c]);
-    Qs[e] = x * scale;
+  // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend).
+  // Mma: each warp loads Q's fragments into registers itself (attend_mma).
+  if constexpr (!Mma) {
+    float* Qs = reinterpret_cast<float*>(smem + L::kKV);
+    const float scale = a.p.softmax_scale();
+    for (int e = threadIdx.x; e < R * D; e += kThreads) {
+      const int r = e / D, c = e % D;
+      float x = 0.f;
+      if (r < nrows) x = float(a.q[a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(a.rows.query(r0 + r)) * D + c]);
+      Qs[e] = x * scale;
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
-  if constexpr (Unified) {
+  if constexpr (Mma) {
+    attend_mma<T, D, Paged, Stages>(a, b, u, hk, r0, nrows, keys, pb, smem);
+  } else if constexpr (Unified) {
     attend<T, D, R, Paged, true, Stages>(a, b, hk, r0, nrows, keys, pb, smem);
     // The fallback test (README §5): any row whose largest score left [phi - 60, phi + 60] -> redo with the max.
     bool trip = false;
@@ -511,14 +683,18 @@ void with_dtype_dim(fa::Dtype t, int d, F&& f) {
 template <class F>
 void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f) {
   with_dtype_dim(t, d, [&](auto tag, auto dim) {
-    auto rows = [&](auto r) {  // the combinations the registry has (flags: paged, unified, stages, fused merge)
-      using No = std::false_type;
-      using Yes = std::true_type;
-      if (kernel.paged) f(tag, dim, r, Yes{}, No{}, Int<1>{}, No{});
-      else if (kernel.unified) f(tag, dim, r, No{}, Yes{}, Int<1>{}, No{});
-      else if (kernel.fused_merge) f(tag, dim, r, No{}, No{}, Int<2>{}, Yes{});
-      else if (kernel.stages == 2) f(tag, dim, r, No{}, No{}, Int<2>{}, No{});
-      else f(tag, dim, r, No{}, No{}, Int<1>{}, No{});
+    using No = std::false_type;
+    using Yes = std::true_type;
+    if (kernel.mma) {  // tensor cores: one 16-row tile whatever the rows (plan.hpp's row_bucket), two stages, fused
+      f(tag, dim, Int<kMaxRows>{}, No{}, No{}, Int<2>{}, Yes{}, Yes{});
+      return;
+    }
+    auto rows = [&](auto r) {  // the combinations the registry has (flags: paged, unified, stages, fused merge, mma)
+      if (kernel.paged) f(tag, dim, r, Yes{}, No{}, Int<1>{}, No{}, No{});
+      else if (kernel.unified) f(tag, dim, r, No{}, Yes{}, Int<1>{}, No{}, No{});
+      else if (kernel.fused_merge) f(tag, dim, r, No{}, No{}, Int<2>{}, Yes{}, No{});
+      else if (kernel.stages == 2) f(tag, dim, r, No{}, No{}, Int<2>{}, No{}, No{});
+      else f(tag, dim, r, No{}, No{}, Int<1>{}, No{}, No{});
     };
     if (bucket == 1) rows(Int<1>{});
     else if (bucket == 4) rows(Int<4>{});
@@ -527,11 +703,11 @@ void with_config(const KernelInfo& kernel, fa::Dtype t, int d, int bucket, F&& f
 }
 
 // The kernel function of a configuration, with its shared-memory limit raised once.
-template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused>
+template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fused, bool Mma>
 auto split_kernel_ready() {
-  auto fn = split_kernel<T, D, R, Paged, Unified, Stages, Fused>;
+  auto fn = split_kernel<T, D, R, Paged, Unified, Stages, Fused, Mma>;
   static const bool raised = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, R, Stages>::kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, R, Stages, Mma>::kBytes));
     return true;
   }();
   (void)raised;
@@ -560,19 +736,21 @@ int log2_of(int x) {  // x a power of two (check_page_size)
 
 const std::vector<KernelInfo>& kernels() {
   static const std::vector<KernelInfo> list = {
-      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1, false,
+      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1, false, false,
        "FA2's grid at decode time: one block per (query head, batch), walking all N keys"},
-      {Kernel::split_kv, "split_kv", false, true, false, false, 1, false,
+      {Kernel::split_kv, "split_kv", false, true, false, false, 1, false, false,
        "Flash-Decoding: the keys split across blocks, partials merged by LSE; one query head per block"},
-      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1, false,
+      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1, false, false,
        "split_kv with the query heads of a kv group packed into one block: K/V read once per group"},
-      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2, false,
+      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2, false, false,
        "split_kv_gqa with two K/V buffers per warp: the next chunk is copied while this one is computed"},
-      {Kernel::split_kv_fused, "split_kv_fused", true, true, false, false, 2, true,
+      {Kernel::split_kv_fused, "split_kv_fused", true, true, false, false, 2, true, false,
        "split_kv_pipelined whose last block per row chunk merges the splits: no second kernel launch"},
-      {Kernel::unified_max, "unified_max", true, true, true, false, 1, false,
+      {Kernel::split_kv_mma, "split_kv_mma", true, true, false, false, 2, true, true,
+       "split_kv_fused with S = Q K^T and P V on tensor cores (mma.sync), the rows padded to a 16-row tile"},
+      {Kernel::unified_max, "unified_max", true, true, true, false, 1, false, false,
        "split_kv_gqa with FlashDecoding++'s fixed phi instead of the running max, falling back when unsafe"},
-      {Kernel::paged, "paged", true, true, false, true, 1, false,
+      {Kernel::paged, "paged", true, true, false, true, 1, false, false,
        "split_kv_gqa reading K/V through a block table into a page pool"},
   };
   return list;
@@ -605,20 +783,22 @@ void check_page_size(int page_size) {
 Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override) {
   Launch l;
   const int rows = rows_of(p, kernel.packed).per_unit();
-  l.row_bucket = row_bucket(rows), l.row_chunks = row_chunks(rows);
+  l.row_bucket = row_bucket(rows, kernel.mma), l.row_chunks = row_chunks(rows);
   l.blocks_unsplit = (long long)p.batch * units_of(p, kernel.packed) * l.row_chunks;
   l.sms = fa::device_props().multiProcessorCount;
   with_config(kernel, t, p.head_dim, l.row_bucket,
-              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused) {
+              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused, auto mma) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value, R = decltype(r)::value, St = decltype(stages)::value;
-    using L = Smem<D, R, St>;
+    constexpr bool M = decltype(mma)::value;
+    using L = Smem<D, R, St, M>;
     const int limit = int(fa::device_props().sharedMemPerBlockOptin);
     if (L::kBytes > limit)
       throw std::runtime_error(std::string(kernel.name) + " needs " + std::to_string(L::kBytes) +
                                " bytes of shared memory per block at head_dim " + std::to_string(D) +
                                "; this GPU allows " + std::to_string(limit) + " (sm_80 and sm_90 allow enough)");
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value>();
+    constexpr bool P = decltype(paged)::value, U = decltype(unified)::value, F = decltype(fused)::value;
+    auto fn = split_kernel_ready<T, D, R, P, U, St, F, M>();
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.blocks_per_sm, fn, kThreads, L::kBytes));
   });
   l.max_splits = kernel.splits ? fdec_model::max_splits(max_len) : 1;
@@ -645,9 +825,10 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
   float* ws_lse = workspace ? workspace + size_t(launch.splits) * p.lse_elems() * p.head_dim : nullptr;
   const bool fused_merge = kernel.fused_merge && launch.splits > 1;
   with_config(kernel, t, p.head_dim, launch.row_bucket,
-              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused) {
+              [&](auto tag, auto dim, auto r, auto paged, auto unified, auto stages, auto fused, auto mma) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value, R = decltype(r)::value, St = decltype(stages)::value;
+    constexpr bool M = decltype(mma)::value;
     Args<T> a{p,
               rows,
               launch.splits,
@@ -666,8 +847,9 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
               fallbacks,
               p.lse_elems(),
               fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr};
-    auto fn = split_kernel_ready<T, D, R, decltype(paged)::value, decltype(unified)::value, St, decltype(fused)::value>();
-    fn<<<grid, kThreads, Smem<D, R, St>::kBytes>>>(a);
+    constexpr bool P = decltype(paged)::value, U = decltype(unified)::value, F = decltype(fused)::value;
+    auto fn = split_kernel_ready<T, D, R, P, U, St, F, M>();
+    fn<<<grid, kThreads, Smem<D, R, St, M>::kBytes>>>(a);
     CHECK_LAUNCH();
     if (launch.splits > 1 && !fused_merge) {
       const int n = int(p.lse_elems());

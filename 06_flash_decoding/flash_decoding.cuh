@@ -20,7 +20,9 @@ namespace fdec {
 
 // The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
 // over this one list.
-enum class Kernel { fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, unified_max, paged };
+enum class Kernel {
+  fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, unified_max, paged
+};
 struct KernelInfo {
   Kernel id;
   const char* name;
@@ -30,6 +32,7 @@ struct KernelInfo {
   bool paged;    // K/V come through a block table
   int stages;    // K/V chunk buffers per warp: 2 = the next chunk is copied while this one is computed
   bool fused_merge;  // the last split block of a row chunk merges the partials: no merge kernel
+  bool mma;          // S = Q K_j^T and P V_j on tensor cores (mma.sync), the block's rows padded to a 16-row tile
   const char* summary;
 };
 const std::vector<KernelInfo>& kernels();
@@ -53,14 +56,15 @@ void check_page_size(int page_size);
 // How a kernel will be launched for a problem: the split count (the heuristic's unless overridden) and the grid.
 struct Launch {
   int splits = 1;
-  int row_bucket = 1, row_chunks = 1;  // rows per block (1, 4 or 16) and blocks per unit of rows
+  int row_bucket = 1, row_chunks = 1;  // rows per block (1, 4 or 16; always 16 on tensor cores), blocks per unit
   long long blocks_unsplit = 0;        // batch x units x row chunks
   int sms = 0, blocks_per_sm = 0;      // the device's SMs and how many of these blocks one SM holds
   int max_splits = 1;                  // the largest split count worth trying for this max_len
 };
 // max_len: the longest context of the batch. splits_override > 0 forces that split count (kernels without
 // splits always use 1). Queries the device (SM count, occupancy); throws std::runtime_error when the kernel's shared
-// memory exceeds what this GPU gives one block (split_kv_pipelined at head_dim 128 needs sm_80's or sm_90's 163+ KB).
+// memory exceeds what this GPU gives one block (the double-buffered kernels at head_dim 128 need sm_80's or sm_90's
+// 163+ KB).
 Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
 
 // Device memory forward() needs with `splits` > 1: O_s [splits, B*H*q_len, d] and LSE_s [splits, B*H*q_len], fp32.
@@ -68,8 +72,8 @@ size_t workspace_floats(const fa::Problem& p, int splits);
 
 // One decode step: O (dtype) and LSE (fp32). q, o: 16-bit device arrays of the dtype. fallbacks: a device int the
 // unified-max kernel adds 1 to for every split block that fell back to the running max (other kernels leave it).
-// split_kv_fused counts arriving split blocks in counters the library owns (zeroed once, left at zero by every
-// launch): one stream at a time.
+// The fused-merge kernels (split_kv_fused, split_kv_mma) count arriving split blocks in counters the library owns
+// (zeroed once, left at zero by every launch): one stream at a time.
 void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache,
              void* o, float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks);
 

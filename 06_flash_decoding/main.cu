@@ -6,6 +6,7 @@
 //   ./flash_decoding --batch 4 --kv-lens 4096,17,0,1        ragged context lengths (0: O = 0, LSE = -inf)
 //   ./flash_decoding --batch 8 --kv-len 32768 --ragged      lengths drawn uniformly from 0..N (entry 0 keeps N)
 //   ./flash_decoding --kernel split_kv_gqa --sweep-splits   every split count 1..max, the heuristic's marked
+//   ./flash_decoding --kv-heads 8 --kernel split_kv_fused,split_kv_mma   CUDA cores vs tensor cores, same run
 //   ./flash_decoding --kernel unified_max --scale 30        large logits: the unified max falls back
 //   ./flash_decoding --q-len 4 --causal --dtype bf16        speculative decoding, bottom-right causal, bf16
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
@@ -65,11 +66,8 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
 Setup parse_setup(fa::Options& opts, const Flags& f) {
   Setup s;
   s.t = fa::parse_dtype(f.dtype);
-  if (f.kernel == "all") {
-    for (const auto& k : fdec::kernels()) s.kernels.push_back(&k);
-  } else {
-    s.kernels.push_back(&fdec::kernel_named(f.kernel));
-  }
+  for (const fdec::KernelInfo& k : fa::select_steps(fdec::kernels(), f.kernel))  // "all", a name, or "a,b"
+    s.kernels.push_back(&fdec::kernel_named(k.name));
   char* end = nullptr;
   s.phi = std::strtof(f.phi.c_str(), &end);
   if (f.phi.empty() || *end || !std::isfinite(s.phi)) throw fa::UsageError("bad value '" + f.phi + "' for --phi");
@@ -317,7 +315,9 @@ int main(int argc, char** argv) try {
               "Chapter 06: decoding attention (q_len 1..8 against a K/V cache of capacity --kv-len, default 4096), "
               "fp16/bf16, every kernel checked against the fp64 reference and timed next to a read-only ceiling.",
               defaults);
-  cli.add_option("--kernel", &f.kernel, "kernel to run: fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, unified_max, paged, or all");
+  cli.add_option("--kernel", &f.kernel,
+                 "kernels to run: fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, "
+                 "unified_max, paged, a comma-separated list, or all");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16 (Q, K, V, O; LSE is fp32)");
   cli.add_option("--kv-lens", &f.kv_lens, "context length of each batch entry, e.g. 4096,17,0,1 (default: all --kv-len)");
   cli.add_flag("--ragged", &f.ragged, "draw each entry's context length uniformly from 0..kv-len (entry 0 keeps kv-len)");

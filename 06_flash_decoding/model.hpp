@@ -54,11 +54,18 @@ struct Softmax {
   float phi = 0.f;
 };
 
+// Where the products are computed. cuda_cores: fp32 FMAs on the widened values, Q pre-scaled (every kernel but
+// split_kv_mma). tensor_cores (split_kv_mma, README §4.3): S = (Q K_j^T) scale with Q as it is (the mma operand), and
+// P rounded to the dtype before P V_j (its mma operand); l sums the unrounded P, as the kernel does.
+enum class Products { cuda_cores, tensor_cores };
+
 // One block of the split kernel: rows [r0, r0 + nrows) of unit u of batch entry b, keys of split s. Returns one
 // Partial per row and sets *tripped when the unified max had to fall back to the running max.
 inline std::vector<Partial> split_block(const fa::Problem& p, const std::vector<int>& lens, const float* q,
                                         const float* k, const float* v, fdec::Rows R, int b, int u, int r0,
-                                        int nrows, int splits, int s, Softmax sm, bool* tripped) {
+                                        int nrows, int splits, int s, Softmax sm, bool* tripped, fa::Dtype t,
+                                        Products products) {
+  const bool tc = products == Products::tensor_cores;
   const int d = p.head_dim, n_b = lens[b];
   const fa::Problem pb = fdec::seen_by(p, n_b);
   const KeyRange keys = fdec::split_range(n_b, splits, s);
@@ -68,7 +75,7 @@ inline std::vector<Partial> split_block(const fa::Problem& p, const std::vector<
   std::vector<std::vector<float>> qs(nrows, std::vector<float>(d));
   for (int r = 0; r < nrows; ++r)
     for (int c = 0; c < d; ++c)
-      qs[r][c] = q[p.q_offset(b, R.head(u, r0 + r)) + size_t(R.query(r0 + r)) * d + c] * p.softmax_scale();
+      qs[r][c] = q[p.q_offset(b, R.head(u, r0 + r)) + size_t(R.query(r0 + r)) * d + c] * (tc ? 1.f : p.softmax_scale());
 
   // Per warp w and row r: the reference m (running max, or phi), l, O~ and the largest score seen.
   auto attend = [&](bool unified, std::vector<Partial>& out, bool* trip) {
@@ -89,7 +96,7 @@ inline std::vector<Partial> split_block(const fa::Problem& p, const std::vector<
             if (key < keys.end && pb.visible(i, key)) {
               float acc_s = 0.f;
               for (int c = 0; c < d; ++c) acc_s += qs[r][c] * K[size_t(key) * d + c];
-              S[lane] = acc_s;
+              S[lane] = tc ? acc_s * p.softmax_scale() : acc_s;
             }
           }
           float alpha = 1.f, m_use = sm.phi;
@@ -108,7 +115,7 @@ inline std::vector<Partial> split_block(const fa::Problem& p, const std::vector<
           for (int c = 0; c < d; ++c) {
             float a = acc[w][r][c] * alpha;
             for (int jj = 0; jj < L32; ++jj)
-              if (c0 + jj < keys.end) a += P[jj] * V[size_t(c0 + jj) * d + c];
+              if (c0 + jj < keys.end) a += (tc ? fa::round_to(t, P[jj]) : P[jj]) * V[size_t(c0 + jj) * d + c];
             acc[w][r][c] = a;
           }
         }
@@ -154,9 +161,11 @@ struct Result {
 
 // The whole chapter-06 forward: every (batch, unit, row chunk, split) block, then the merge per query row.
 inline Result forward(fa::Dtype t, const fa::Problem& p, const std::vector<int>& lens, const std::vector<float>& q,
-                      const std::vector<float>& k, const std::vector<float>& v, bool packed, int splits, Softmax sm) {
+                      const std::vector<float>& k, const std::vector<float>& v, bool packed, int splits, Softmax sm,
+                      Products products = Products::cuda_cores) {
   const fdec::Rows R = fdec::rows_of(p, packed);
-  const int d = p.head_dim, rows = R.per_unit(), bucket = fdec::row_bucket(rows);
+  const int d = p.head_dim, rows = R.per_unit();
+  const int bucket = fdec::row_bucket(rows, products == Products::tensor_cores);
   Result res;
   res.o.assign(p.q_elems(), 0.f), res.lse.assign(p.lse_elems(), 0.f);
   for (int b = 0; b < p.batch; ++b)
@@ -166,7 +175,8 @@ inline Result forward(fa::Dtype t, const fa::Problem& p, const std::vector<int>&
         std::vector<std::vector<Partial>> per_row(nrows);
         for (int s = 0; s < splits; ++s) {
           bool tripped = false;
-          const auto parts = split_block(p, lens, q.data(), k.data(), v.data(), R, b, u, r0, nrows, splits, s, sm, &tripped);
+          const auto parts =
+              split_block(p, lens, q.data(), k.data(), v.data(), R, b, u, r0, nrows, splits, s, sm, &tripped, t, products);
           res.fallbacks += tripped, res.blocks += 1;
           for (int r = 0; r < nrows; ++r) per_row[r].push_back(parts[r]);
         }

@@ -61,8 +61,6 @@ FA_HD KeyRange split_range(int n, int splits, int s) {
   return KeyRange{int(b < n ? b : n), int(e < n ? e : n)};
 }
 
-// The row bucket a block is compiled for: the smallest of 1, 4, 16 that holds the unit's rows (capped at 16;
-// a unit with more rows is cut into row chunks, each a block of its own, each reading K/V again).
 // FlashDecoding++'s unified max: a split computes exp(s - phi) with a fixed phi instead of its running max. Safe
 // while every score of the split lies within [phi - kUnderflow, phi + kOverflow] *at its maximum* (README §5):
 //   overflow:  exp(60) = 1.1e26; times up to 2^21 keys and |v| <= 65504 stays below fp32's 3.4e38;
@@ -88,16 +86,20 @@ FA_HD float input_value(uint64_t seed, Tensor t, size_t index) {
   return 0.5f + (u - 0.5f) * 4.0f;
 }
 
-// Shared memory of one split block (README §7, §4.1), in bytes: per stage every warp's K and V chunk (rows padded
-// by kPadH 16-bit elements: 16 bytes keep the lane-per-key reads conflict-free), the block's Q rows (fp32), each
-// warp's P (fp32), and the warp merge's M, L and weights. stages = 2 is the double-buffered kernel.
+// Shared memory of one split block (README §7, §4.1, §4.3), in bytes: per stage every warp's K and V chunk (rows
+// padded by kPadH 16-bit elements: 16 bytes keep the lane-per-key reads and the ldmatrix reads conflict-free), the
+// block's Q rows (fp32), each warp's P (fp32), and the warp merge's M, L and weights. stages = 2 is the
+// double-buffered kernel. mma (the tensor-core kernel): Q and P live in registers, so neither takes shared memory.
 constexpr int kPadH = 8;
-constexpr int split_smem_bytes(int head_dim, int rows, int stages) {
-  return stages * kWarps * 2 * kKeysPerWarp * (head_dim + kPadH) * 2 + rows * head_dim * 4 +
-         kWarps * rows * kKeysPerWarp * 4 + 2 * rows * 4 + kWarps * rows * 4;
+constexpr int split_smem_bytes(int head_dim, int rows, int stages, bool mma = false) {
+  return stages * kWarps * 2 * kKeysPerWarp * (head_dim + kPadH) * 2 +
+         (mma ? 0 : rows * head_dim * 4 + kWarps * rows * kKeysPerWarp * 4) + 2 * rows * 4 + kWarps * rows * 4;
 }
 
-inline int row_bucket(int rows) { return rows <= 1 ? 1 : rows <= 4 ? 4 : kMaxRows; }
-inline int row_chunks(int rows) { return (rows + row_bucket(rows) - 1) / row_bucket(rows); }
+// The rows a block is compiled for. The CUDA-core kernels: the smallest of 1, 4, 16 that holds the unit's rows. The
+// tensor-core kernel (mma): always 16, the M of mma.m16n8k16, so 1 or 4 rows are padded to a 16-row tile. Either
+// way a unit with more than 16 rows is cut into row chunks of 16, each a block that reads K/V again.
+inline int row_bucket(int rows, bool mma = false) { return mma || rows > 4 ? kMaxRows : rows <= 1 ? 1 : 4; }
+inline int row_chunks(int rows) { return (rows + kMaxRows - 1) / kMaxRows; }
 
 }  // namespace fdec

@@ -3,7 +3,8 @@
 // fa2::forward (fp32, the same rounded inputs, one batch entry at a time for ragged lengths). Outputs and workspace
 // are NaN-poisoned before every run. Shapes: ragged lengths with 0 and 1, GQA 32/8 and MQA 32/1, causal q_len 4,
 // every split count 1..max, large logits that make the unified max fall back, page sizes 16..256, fp16 and bf16;
-// the double-buffered and fused-merge kernels bit for bit against the single-buffered one.
+// the double-buffered and fused-merge kernels bit for bit against the single-buffered one; the tensor-core kernel
+// against the fused one within the chapter's bound, for every row count it pads (1 to 16 rows, and 32, 64 as chunks).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -182,4 +183,42 @@ TEST_CASE("06 gpu: the paged kernel equals the contiguous one for every page siz
     f.expect_right(paged, "paged");
     CHECK(compare(paged.o, to_double(flat.o), {0, 0}).ok());  // same splits, same order: the same bits
   }
+}
+
+TEST_CASE("06 gpu: split_kv_mma = split_kv_fused within the bound, for every row count, causal q_len up to 8") {
+  // The same copies, splits and fused merge; S and P V on tensor cores instead of fp32 FMAs, with P rounded to the
+  // dtype for its mma (as the plain same-dtype attention rounds it) and the rows padded to a 16-row tile. So O may
+  // differ from split_kv_fused's by what that rounding costs: held to the chapter's bound (2 x the plain attention's
+  // error + one ulp at 1), which each of the two also meets against fp64. LSE is fp32 from fp32 scores in both, only
+  // summed in another order: chapter 04's fp32 tolerance. Rows per block: 1 (MHA), 4 (GQA 4), 8, 16 (MQA 16/1 and
+  // GQA 4 at q_len 4, causal), 32 (MQA 32/1: two row chunks), 64 (GQA 8 at q_len 8, causal: four row chunks); ragged
+  // lengths with 0, 1 and tails; splits 1 (O written directly), 3, 7 and the heuristic's; large logits.
+  struct Shape {
+    Problem p;
+    std::vector<int> lens;
+  };
+  const std::vector<Shape> shapes = {{make(4, 4, 4, 1, 1000, 64, false), {1000, 0, 1, 97}},
+                                     {make(2, 32, 8, 1, 777, 128, false), {777, 200}},
+                                     {make(2, 16, 2, 1, 300, 64, false), {31, 300}},
+                                     {make(2, 16, 1, 1, 520, 128, false), {5, 520}},
+                                     {make(2, 32, 1, 1, 400, 64, false), {400, 33}},
+                                     {make(3, 8, 2, 4, 300, 128, true), {300, 3, 0}},
+                                     {make(2, 8, 1, 8, 257, 64, true), {257, 8}},
+                                     {make(2, 8, 2, 1, 600, 128, false, 30.f), {600, 45}}};
+  for (Dtype t : {Dtype::fp16, Dtype::bf16})
+    for (const Shape& sh : shapes) {
+      Fixture f(t, sh.p, sh.lens);
+      for (int s : {0, 1, 3, 7}) {
+        INFO(dtype_name(t), " ", describe(sh.p), " splits ", s);
+        const Fixture::Out fused = f.run(fdec::kernel_named("split_kv_fused"), s);
+        for (int again = 0; again < 2; ++again) {  // twice: the merge counters must be back at zero
+          const Fixture::Out r = f.run(fdec::kernel_named("split_kv_mma"), s);
+          f.expect_right(r, "split_kv_mma");
+          const ErrorReport eo = compare(r.o, to_double(fused.o), {f.bound, 0});
+          const ErrorReport el = compare(r.lse, to_double(fused.lse), kTolFp32Forward);
+          CHECK_MESSAGE(eo.ok(), eo.summary("split_kv_mma O vs split_kv_fused"));
+          CHECK_MESSAGE(el.ok(), el.summary("split_kv_mma LSE vs split_kv_fused"));
+        }
+      }
+    }
 }

@@ -87,6 +87,7 @@ LABELS = {
     ("06", "split_kv_gqa"): "06 split-KV, GQA heads packed",
     ("06", "split_kv_pipelined"): "06 split-KV, GQA packed, double-buffered K/V",
     ("06", "split_kv_fused"): "06 split-KV, double-buffered, merge in the split kernel",
+    ("06", "split_kv_mma"): "06 split-KV, fused merge, S and PV on tensor cores",
     ("06", "unified_max"): "06 unified max (FlashDecoding++)",
     ("06", "paged"): "06 paged KV cache",
     ("torch", "sdpa"): "PyTorch SDPA (backend it picks)",
