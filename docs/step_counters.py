@@ -70,9 +70,9 @@ PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 # The one counter that should explain each step's gain over the step before it, as 05's README (section 4) words it:
 # step -> (column of COLUMNS, the counter, what it should show).
 EXPLAINS = {
-    "split_k": ("barrier", "warps stalled at a barrier, per issued instruction",
-                "the warps' partial $\\tilde O$, $m$, $\\ell$ added up through shared memory, between barriers"),
-    "v1_mma": ("barrier", "the same", "split-Q: each warp owns its rows, no reduction between warps"),
+    "split_k": ("smem wavefronts (M)", "shared-memory wavefronts (millions)",
+                "the warps' partial $\\tilde O$, $m$, $\\ell$ added up through shared memory"),
+    "v1_mma": ("smem wavefronts (M)", "the same", "split-Q: each warp owns its rows, no reduction through shared memory"),
     "v2_ldmatrix": ("bank conflicts (M)", "shared-memory bank conflicts (millions)",
                     "fewer load instructions, the same 8-way conflicts"),
     "v3_swizzle": ("bank conflicts (M)", "the same", "none left"),

@@ -162,7 +162,8 @@ class StepCounters(unittest.TestCase):
         self.assertIn("| 1,011.00 | 1,012.0 |\n| v1_mma |", r.stdout)
         # One counter per step: the previous step's value -> this step's (long sb: metric 8; v3 is launch 4).
         self.assertRegex(r.stdout, r"\| v4_cp_async \|[^|]+\|[^|]+\| 4,008.00 → 5,008.00 \| 4,008.00 → 5,008.00 \|")
-        self.assertRegex(r.stdout, r"\| split_k \| warps stalled at a barrier[^|]+ \| [^|]+ \| 1,007.00 \| 1,007.00 \|")
+        self.assertRegex(r.stdout, r"\| split_k \| shared-memory wavefronts[^|]+ \| [^|]+ \| 1.0 \| 1.0 \|")
+        self.assertRegex(r.stdout, r"\| v1_mma \| the same \| [^|]+ \| 1.0 → 2.0 \| 1.0 → 2.0 \|")
         self.assertLess(r.stdout.index("One counter per step"), r.stdout.index("Every counter"))
         # The table subcommand prints the same tables from the CSV.
         t = subprocess.run([sys.executable, step_counters.__file__, "table", self.out], capture_output=True, text=True)
