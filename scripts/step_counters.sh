@@ -4,7 +4,7 @@
 #   scripts/step_counters.sh [BUILD_DIR] [OUT_CSV]   default: build, docs/results/<gpu>_steps.csv
 # Prints one markdown table per head dim for 05_warp_split_q/README.md section 4 (docs/measuring.md, section 5);
 # `python3 docs/step_counters.py table OUT_CSV` prints them again. Needs an NVIDIA GPU, Nsight Compute's ncu (on
-# PATH, in the CUDA toolkit's bin, or NCU=/path/to/ncu) and python3; a few minutes on an H100 (estimate).
+# PATH, in the CUDA toolkit's bin, or NCU=/path/to/ncu) and python3; about 30 seconds on an H100.
 # Exit 0 done, 1 no GPU, no ncu, a program failed or the launches did not match the steps, 2 bad usage.
 set -uo pipefail
 usage() { sed -n '2,8s/^# \{0,1\}//p' "$0"; }
