@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Chapter 05's forward steps under Nsight Compute: the counters that explain each step's gain, one row per step.
+"""Chapter 05's steps under Nsight Compute: the counters that explain each step's gain, one row per step.
 
-    python3 docs/step_counters.py table docs/results/<gpu>_steps.csv   # the markdown tables of 05's README, section 4
+    python3 docs/step_counters.py table docs/results/<gpu>_steps.csv      # the tables of 05's README, section 4
+    python3 docs/step_counters.py table docs/results/<gpu>_bwd_steps.csv  # the backward's (BACKWARD.md, section 5)
 
-scripts/step_counters.sh runs chapter 05's program under ncu (every forward step, one launch each) and uses the
-other subcommands:
-    metrics                          the metrics profiled (one ncu pass list), comma-separated
-    steps HELP_FILE                  the steps the program's --help lists for --kernel, in ladder order
-    collect --gpu G --out CSV --steps a,b,... D=RAW_CSV=LOG ...
+scripts/step_counters.sh runs chapter 05's program under ncu (every forward step, one launch each; with --backward
+every backward step in both dQ modes) and uses the other subcommands:
+    metrics [--backward]             the metrics profiled (one ncu pass list), comma-separated
+    steps [--backward] HELP_FILE     the steps the program's --help lists for --kernel (--bwd-kernel), in ladder order
+    collect [--backward] --gpu G --out CSV --steps a,b,... D=RAW_CSV=LOG ...
                                      pairs the Nth launch of chapter 05's `kernel` in each ncu report (its raw page,
                                      RAW_CSV) with the Nth step, checks that LOG (the program's output) checked those
                                      steps in that order, writes CSV and prints the tables: one counter per step
-                                     (EXPLAINS), then every counter, one table per head dim
+                                     (EXPLAINS), then every counter, one table per head dim. With --backward: per
+                                     step, the K/V-block kernel `kv_kernel` of the atomic dQ mode, the same kernel of
+                                     the deterministic mode and the deterministic mode's `dq_kernel`, in that order
+                                     (BWD_EXPLAINS, BWD_COLUMNS)
 
 The CSV (docs/results/<gpu>_steps.csv) has one row per step, head dim and metric: gpu, step, d, metric, value, unit.
-Values are in the unit named (time in ns, bytes in byte; ncu's own unit otherwise, never scaled).
+Values are in the unit named (time in ns, bytes in byte; ncu's own unit otherwise, never scaled). The backward's
+(<gpu>_bwd_steps.csv) has the same columns; its step is the step and dQ mode of the K/V-block kernel
+(bwd_v5_vec_atomic/atomic_dq, bwd_v5_vec_atomic/determ_dq) or the deterministic mode's dQ kernel
+(bwd_v5_vec_atomic/determ_dq/dq_kernel).
 """
 import argparse
 import csv
@@ -90,6 +97,45 @@ EXPLAINS = {
 }
 
 
+# The backward (BACKWARD.md, section 5): the forward's metrics, and the global atomics that add dQ up in atomic
+# mode. An atomicAdd whose result is unused may run as a reduction (RED) or an atomic (ATOM) instruction, whichever
+# the compiler emits: the tables add the two up, the CSV keeps them apart.
+ATOMICS = [
+    "l1tex__t_requests_pipe_lsu_mem_global_op_red.sum",  # warp-level requests of global reductions
+    "l1tex__t_requests_pipe_lsu_mem_global_op_atom.sum",
+    "lts__t_sectors_srcunit_tex_op_red.sum",  # the 32-byte L2 sectors they touch
+    "lts__t_sectors_srcunit_tex_op_atom.sum",
+]
+BWD_NAMES = NAMES + ATOMICS
+BWD_COLUMNS = COLUMNS + [
+    ("atomic requests (M)", [ATOMICS[0], ATOMICS[1]], 1e-6, 2),
+    ("L2 atomic sectors (M)", [ATOMICS[2], ATOMICS[3]], 1e-6, 1),
+]
+MODES = ["atomic_dq", "determ_dq"]  # the program's order; its check lines name <step>_<mode>
+KV_KERNEL, DQ_KERNEL = "kv_kernel", "dq_kernel"  # every step's K/V-block kernel; bwd_dq.cu's, shared by every step
+DQ_ROW = "/dq_kernel"  # the deterministic mode's dQ kernel: <step>/determ_dq/dq_kernel
+# Per backward step, the counters that should explain its gain over the step before it, as BACKWARD.md (sections 3
+# and 5) words it: step -> [(column of BWD_COLUMNS, the counter, what it should show), ...]. A step not here (a newer
+# one) gets a row of "—".
+BWD_EXPLAINS = {
+    "bwd_v1_mma": [("instructions (M)", "warp instructions executed (millions)",
+                    "the five products on tensor cores; no step before it: the count the later steps cut"),
+                   ("tensor pipe %", "tensor pipe busy (%)",
+                    "how much of the tensor cores the first version keeps busy")],
+    "bwd_v2_regs": [("smem wavefronts (M)", "shared-memory wavefronts (millions)",
+                     "$P^\\top$, $dS^\\top$ not stored and reloaded for lines 7-8 "
+                     "(atomic mode still stores $dS^\\top$ for $dQ$)")],
+    "bwd_v3_cp_async": [("long sb", "warps waiting on a global load (long scoreboard), per issued instruction",
+                         "$Q_i$, $dO_i$ arrive while the previous tile computes (the wait may move to the barrier)")],
+    "bwd_v4_exp2": [("instructions (M)", "warp instructions executed (millions)",
+                     "one FFMA and one `ex2` per element instead of `expf`, the mask tested once per tile")],
+    "bwd_v5_vec_atomic": [("atomic requests (M)", "global atomic requests (millions)",
+                           "one `float2` atomic for two columns: half the requests (atomic mode, sm_90)"),
+                          ("L2 atomic sectors (M)", "L2 sectors the atomics touch (millions)",
+                           "8 full sectors per request instead of 8 half-used ones: half the sectors")],
+}
+
+
 class Error(Exception):
     """A report or a log that does not match what was run: the script says so and writes nothing."""
 
@@ -102,20 +148,25 @@ def function_name(name):
     return name.split("(")[0].split("::")[-1].split()[-1]
 
 
-def steps_from_help(text):
-    """The forward steps, in ladder order, from the --kernel line of the program's --help."""
+def steps_from_help(text, flag="--kernel"):
+    """The forward steps (flag --bwd-kernel: the backward's), in ladder order, from that line of the --help."""
     for line in text.splitlines():
-        m = re.match(r"\s*--kernel\b.*?steps separated by commas:\s*([^(\[]+)", line)
+        m = re.match(r"\s*" + re.escape(flag) + r"\b.*?steps separated by commas:\s*([^(\[]+)", line)
         if m:
             steps = [s.strip() for s in m.group(1).split(",") if s.strip()]
             if steps:
                 return steps
-    raise Error("the program's --help has no '--kernel ... steps separated by commas: a, b, ...' line")
+    raise Error(f"the program's --help has no '{flag} ... steps separated by commas: a, b, ...' line")
 
 
 def checked_steps(log):
     """The steps the program checked, in order: its 'check:   <step> ...' lines (ncu's own lines start '==')."""
     return [m.group(1) for m in re.finditer(r"^check:\s+(\S+)", log, re.M)]
+
+
+def checked_backward(log):
+    """The backward runs the program checked, in order: its 'check:   backward <step>_<mode>, ...' lines."""
+    return [m.group(1) for m in re.finditer(r"^check:\s+backward\s+([^\s,]+)", log, re.M)]
 
 
 def normalise(value, unit):
@@ -140,6 +191,11 @@ def number(text):
 
 def launches(path, metrics):
     """The profiled launches of KERNEL in launch order: a list of {metric: (value, unit)}; other kernels left out."""
+    return [values for name, values in named_launches(path, metrics) if name == KERNEL]
+
+
+def named_launches(path, metrics):
+    """Every profiled launch in launch order: a list of (function name, {metric: (value, unit)})."""
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
     try:
@@ -159,9 +215,8 @@ def launches(path, metrics):
         raise Error(f"{path}: no kernel name column")
     got = []
     for r in sorted(data, key=lambda r: int(r[cols.index("ID")])):
-        if function_name(r[cols.index(name_col)]) != KERNEL:
-            continue
-        got.append({m: normalise(number(r[cols.index(m)]), units.get(m, "")) for m in metrics})
+        got.append((function_name(r[cols.index(name_col)]),
+                    {m: normalise(number(r[cols.index(m)]), units.get(m, "")) for m in metrics}))
     return got
 
 
@@ -174,6 +229,26 @@ def assign(steps, profiled, checked, d):
         raise Error(f"d = {d}: ncu profiled {len(profiled)} launches of '{KERNEL}' for {len(steps)} steps "
                     f"({' '.join(steps)}): one launch per step was expected")
     return list(zip(steps, profiled))
+
+
+def assign_backward(steps, profiled, checked, d):
+    """Per step, in --bwd-kernel's order (the program runs each once per dQ mode with --iters 0): the atomic mode's
+    kv_kernel, the deterministic mode's kv_kernel, then its dq_kernel. Other kernels (the forward that makes O, the
+    rowsum D, chapter 04's) are left out; any other count or order of these two is an error."""
+    runs = [f"{s}_{m}" for s in steps for m in MODES]
+    if checked != runs:
+        raise Error(f"d = {d}: the program checked the backward runs\n    {' '.join(checked) or '(none)'}\n"
+                    f"  its --help's steps in both dQ modes are\n    {' '.join(runs)}")
+    ours = [(name, v) for name, v in profiled if name in (KV_KERNEL, DQ_KERNEL)]
+    want = [KV_KERNEL, KV_KERNEL, DQ_KERNEL] * len(steps)
+    got = [name for name, _ in ours]
+    if got != want:
+        raise Error(f"d = {d}: ncu profiled {got.count(KV_KERNEL)} launches of '{KV_KERNEL}' and "
+                    f"{got.count(DQ_KERNEL)} of '{DQ_KERNEL}' for {len(steps)} steps x {len(MODES)} dQ modes "
+                    f"({' '.join(steps)}): per step '{KV_KERNEL}' (atomic dQ), '{KV_KERNEL}' then '{DQ_KERNEL}' "
+                    f"(deterministic) was expected; in launch order ncu saw\n    {' '.join(got) or '(none)'}")
+    keys = [k for s in steps for k in (f"{s}/{MODES[0]}", f"{s}/{MODES[1]}", f"{s}/{MODES[1]}{DQ_ROW}")]
+    return [(key, v) for key, (_, v) in zip(keys, ours)]
 
 
 def rows_of(gpu, d, pairs, metrics):
@@ -206,11 +281,11 @@ def _cell(values, metrics, scale, digits):
     return "n/a" if "" in v else f"{sum(map(float, v)) * scale:,.{digits}f}"
 
 
-def tables(rows):
+def tables(rows, columns=COLUMNS):
     """One markdown table per head dim: rows = steps (in the CSV's order), the columns whose metrics are present."""
     by_d, order = _by_d(rows)
     present = {r[3] for r in rows}
-    cols = [c for c in COLUMNS if all(m in present for m in c[1])]
+    cols = [c for c in columns if all(m in present for m in c[1])]
     out = []
     for d in sorted(by_d):
         out.append(f"d = {d}:\n")
@@ -244,9 +319,47 @@ def explain_table(rows):
     return "\n".join(out) + "\n"
 
 
+def explain_backward(rows):
+    """Per backward step, the counters of BWD_EXPLAINS in each dQ mode's K/V-block kernel: the previous step's value ->
+    this step's (the first step: its value), at each head dim. A step BWD_EXPLAINS does not know gets a row of —."""
+    by_d, order = _by_d(rows)
+    ds = sorted(by_d)
+    column = {c[0]: c for c in BWD_COLUMNS}
+    heads = [f"d = {d}, {mode.replace('_dq', '')}" for d in ds for mode in MODES]
+    out = ["| step | counter | what it should show | " + " | ".join(heads) + " |",
+           "|---|---|---|" + "---|" * len(heads)]
+    steps = []
+    for key in order[ds[0]]:
+        if key.split("/")[0] not in steps:
+            steps.append(key.split("/")[0])
+    for k, step in enumerate(steps):
+        if step not in BWD_EXPLAINS:
+            out.append(f"| {step} | — | — | " + " | ".join("—" for _ in heads) + " |")
+            continue
+        for n, (header, counter, why) in enumerate(BWD_EXPLAINS[step]):
+            _, metrics, scale, digits = column[header]
+            cells = []
+            for d in ds:
+                for mode in MODES:
+                    now = _cell(by_d[d].get(f"{step}/{mode}", {}), metrics, scale, digits)
+                    before = f"{steps[k - 1]}/{mode}"
+                    cells.append(now if k == 0 or before not in by_d[d] else
+                                 f"{_cell(by_d[d][before], metrics, scale, digits)} → {now}")
+            out.append(f"| {step if n == 0 else ''} | {counter} | {why} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def is_backward(rows):
+    return any("/" in r[1] for r in rows)
+
+
 def report(rows):
     if not rows:
         raise Error("no rows")
+    if is_backward(rows):
+        return ("One counter per backward step, in the K/V-block kernel of each dQ mode (the previous step's value → "
+                "this step's):\n\n" + explain_backward(rows) + "\nEvery counter (<step>/<dQ mode>: its K/V-block "
+                "kernel; .../dq_kernel: the deterministic mode's dQ kernel):\n\n" + tables(rows, BWD_COLUMNS))
     return ("One counter per step (the previous step's value → this step's):\n\n" + explain_table(rows) +
             "\nEvery counter:\n\n" + tables(rows))
 
@@ -262,13 +375,17 @@ def read_csv(path):
 
 def collect(args):
     steps = [s for s in args.steps.split(",") if s]
-    metrics = [m for m in args.metrics.split(",") if m] if args.metrics else NAMES
+    metrics = [m for m in args.metrics.split(",") if m] if args.metrics else (BWD_NAMES if args.backward else NAMES)
     rows = []
     for run in args.runs:
         d, raw, log = run.split("=", 2)
         with open(log, errors="replace") as f:
-            checked = checked_steps(f.read())
-        rows += rows_of(args.gpu, d, assign(steps, launches(raw, metrics), checked, d), metrics)
+            text = f.read()
+        if args.backward:
+            pairs = assign_backward(steps, named_launches(raw, metrics), checked_backward(text), d)
+        else:
+            pairs = assign(steps, launches(raw, metrics), checked_steps(text), d)
+        rows += rows_of(args.gpu, d, pairs, metrics)
     write_csv(args.out, rows)
     print(report(rows))
     print(f"== step_counters: {len(rows)} rows in {args.out}")
@@ -277,22 +394,27 @@ def collect(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("metrics", help="the metrics, comma-separated")
-    sub.add_parser("steps", help="the steps of the program's --help (a file)").add_argument("help_file")
+    backward = {"action": "store_true", "help": "the backward steps (both dQ modes) instead of the forward's"}
+    sub.add_parser("metrics", help="the metrics, comma-separated").add_argument("--backward", **backward)
+    st = sub.add_parser("steps", help="the steps of the program's --help (a file)")
+    st.add_argument("--backward", **backward)
+    st.add_argument("help_file")
     c = sub.add_parser("collect", help="ncu reports -> CSV and tables")
+    c.add_argument("--backward", **backward)
     c.add_argument("--gpu", required=True)
     c.add_argument("--out", required=True)
     c.add_argument("--steps", required=True, help="the steps, comma-separated, in launch order")
-    c.add_argument("--metrics", default="", help="the metrics profiled, comma-separated (default: all of NAMES)")
+    c.add_argument("--metrics", default="",
+                   help="the metrics profiled, comma-separated (default: all of NAMES, BWD_NAMES with --backward)")
     c.add_argument("runs", nargs="+", help="D=RAW_CSV=LOG for each head dim")
     sub.add_parser("table", help="the markdown tables of a _steps.csv").add_argument("csv")
     args = ap.parse_args()
     try:
         if args.command == "metrics":
-            print(",".join(NAMES))
+            print(",".join(BWD_NAMES if args.backward else NAMES))
         elif args.command == "steps":
             with open(args.help_file, errors="replace") as f:
-                print(",".join(steps_from_help(f.read())))
+                print(",".join(steps_from_help(f.read(), "--bwd-kernel" if args.backward else "--kernel")))
         elif args.command == "collect":
             collect(args)
         else:

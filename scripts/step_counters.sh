@@ -2,12 +2,17 @@
 # Chapter 05's ladder under Nsight Compute: for every forward step (split_k, v1_mma .. v8_two_row_tiles, and
 # v9_wgmma_tma, v10_pingpong on an sm_90 GPU) the counters that explain its gain, at d = 64 and d = 128.
 #   scripts/step_counters.sh [BUILD_DIR] [OUT_CSV]   default: build, docs/results/<gpu>_steps.csv
-# Prints one markdown table per head dim for 05_warp_split_q/README.md section 4 (docs/measuring.md, section 5);
-# `python3 docs/step_counters.py table OUT_CSV` prints them again. Needs an NVIDIA GPU, Nsight Compute's ncu (on
-# PATH, in the CUDA toolkit's bin, or NCU=/path/to/ncu) and python3; about 30 seconds on an H100.
+#   scripts/step_counters.sh --backward [BUILD_DIR] [OUT_CSV]   every backward step (bwd_v1_mma ...), both dQ
+#       modes: its K/V-block kernel, and the deterministic mode's dQ kernel; default docs/results/<gpu>_bwd_steps.csv
+# Prints one markdown table per head dim for 05_warp_split_q/README.md section 4 (with --backward: BACKWARD.md
+# section 5; docs/measuring.md, section 5); `python3 docs/step_counters.py table OUT_CSV` prints them again. Needs an
+# NVIDIA GPU, Nsight Compute's ncu (on PATH, in the CUDA toolkit's bin, or NCU=/path/to/ncu) and python3; about 30
+# seconds on an H100 (the backward mode: not yet run on a GPU).
 # Exit 0 done, 1 no GPU, no ncu, a program failed or the launches did not match the steps, 2 bad usage.
 set -uo pipefail
-usage() { sed -n '2,8s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
+BACKWARD=""
+[ "${1:-}" = --backward ] && { BACKWARD=--backward; shift; }
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
   -*) echo "step_counters.sh: unknown option '$1'; see --help" >&2; exit 2 ;;
@@ -28,7 +33,7 @@ PROG=$B/05_warp_split_q/warp_split_q
 [ -x "$PROG" ] || { echo "step_counters.sh: $PROG not found: build first (README, Quick start)" >&2; exit 1; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 slug=$(echo "${gpu:-unknown}" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
-OUT=${2:-docs/results/${slug}_steps.csv}
+OUT=${2:-docs/results/${slug}${BACKWARD:+_bwd}_steps.csv}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/step_counters.XXXXXX") || exit 1
 PARSE="python3 docs/step_counters.py"
 
@@ -37,11 +42,14 @@ SHAPES=(
   "64|--batch 4 --heads 32 --q-len 4096 --head-dim 64"
   "128|--batch 4 --heads 16 --q-len 4096 --head-dim 128"
 )
-# The steps are the program's own list (its --help, --kernel line: v9 and v10 appear on an sm_90 GPU only).
+# The steps are the program's own list (its --help, --kernel line: v9 and v10 appear on an sm_90 GPU only; with
+# --backward its --bwd-kernel line).
 "$PROG" --help >"$WORK/help.txt" 2>&1 || { cat "$WORK/help.txt"; echo "!! $PROG --help failed"; exit 1; }
-STEPS=$($PARSE steps "$WORK/help.txt") || { echo "== step_counters: files in $WORK"; exit 1; }
+# shellcheck disable=SC2086  # BACKWARD is one option or none
+STEPS=$($PARSE steps $BACKWARD "$WORK/help.txt") || { echo "== step_counters: files in $WORK"; exit 1; }
 # One ncu pass list: the metrics of docs/step_counters.py, which also names the tables' columns.
-METRICS=$($PARSE metrics) || exit 1
+# shellcheck disable=SC2086
+METRICS=$($PARSE metrics $BACKWARD) || exit 1
 # Values in base units where this ncu can say so (older ones scale: the units row says which).
 units=""
 "$NCU" --help >"$WORK/ncu_help.txt" 2>&1
@@ -55,17 +63,28 @@ echo "== steps: ${STEPS//,/ }"
 # reference; nothing is timed), in the order of --kernel all, so the kth launch of `kernel` is the kth step.
 # Chapter 04's forward_kernel (the program's fp32 comparison, always run once) matches the name filter too and
 # is left out by the parser, which also checks the launch count against the steps and the program's check lines.
+RUN="--kernel all --iters 0 --no-previous --dtype fp16"
+FILTER=regex:kernel
+if [ -n "$BACKWARD" ]; then
+  # --kernel none: no forward step is checked, but the program still runs chapter 04's forward_kernel once and the
+  # last forward step's `kernel` once (it makes O and LSE). Then, per backward step and dQ mode, in --bwd-kernel's
+  # order: rowsum_do_o_kernel (D), a memset of dQ (atomic mode), the step's kv_kernel, and in deterministic mode
+  # bwd_dq.cu's dq_kernel. The filter takes exactly kv_kernel and dq_kernel (not 04's backward_kv_kernel, which
+  # does not run here anyway); the parser checks their order: kv, kv, dq per step.
+  RUN="--kernel none --no-previous --backward --bwd-kernel all --iters 0 --dtype fp16"
+  FILTER='regex:(^|[^a-z_])(kv|dq)_kernel([^a-z0-9_]|$)'
+fi
 rc=0
 runs=()
 for shape in "${SHAPES[@]}"; do
   d=${shape%%|*}
-  cmd="$PROG --kernel all --iters 0 --no-previous --dtype fp16 ${shape#*|}"
+  cmd="$PROG $RUN ${shape#*|}"
   for attempt in 1 2 3; do
     echo
     echo "== d = $d: ncu on $cmd"
     : >"$WORK/d$d.ncu.log"
     # shellcheck disable=SC2086,SC2046  # cmd is a command line of words; ncu_log one option or none
-    "$NCU" $(ncu_log "$d") --target-processes all --metrics "$METRICS" --kernel-name regex:kernel \
+    "$NCU" $(ncu_log "$d") --target-processes all --metrics "$METRICS" --kernel-name "$FILTER" \
       --export "$WORK/d$d" --force-overwrite $cmd >"$WORK/d$d.log" 2>&1
     status=$?
     # A metric this ncu or GPU does not know (names change between versions; the message may name the metric or
@@ -94,7 +113,8 @@ done
 [ "$rc" -eq 0 ] || { echo "== step_counters: a run failed (see '!!' above); $OUT not written; files in $WORK"; exit 1; }
 
 echo
-$PARSE collect --gpu "$gpu" --out "$OUT" --steps "$STEPS" --metrics "$METRICS" "${runs[@]}" ||
+# shellcheck disable=SC2086
+$PARSE collect $BACKWARD --gpu "$gpu" --out "$OUT" --steps "$STEPS" --metrics "$METRICS" "${runs[@]}" ||
   { echo "== step_counters: $OUT not written; files in $WORK"; exit 1; }
 rm -rf "$WORK"
 echo "== step_counters: done in $SECONDS s"
