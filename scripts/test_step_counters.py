@@ -108,8 +108,9 @@ FAKE_NCU = textwrap.dedent("""\
                              "float *)")
         names += [kv % 1] * extra
     # ncu's --kernel-name filter, on the function's base name (no namespace, template arguments or parameters)
+    def base(name):
+        return re.sub(r"<.*", "", name.replace("(anonymous namespace)", "").split("(")[0]).split("::")[-1]
     pattern = a[a.index("--kernel-name") + 1]
-    base = lambda name: re.sub(r"<.*", "", name.replace("(anonymous namespace)", "").split("(")[0]).split("::")[-1]
     names = [x for x in names if re.search(pattern[len("regex:"):], base(x))]
     units = {"gpu__time_duration.sum": "usecond", "dram__bytes_read.sum": "Mbyte", "dram__bytes_write.sum": "byte",
              "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": "Kwavefront"}
