@@ -24,8 +24,6 @@ SCRIPT = os.path.join(HERE, "step_counters.sh")
 sys.path.insert(0, os.path.join(HERE, "..", "docs"))
 import step_counters  # noqa: E402
 
-import re  # noqa: E402
-
 GPU = "NVIDIA H100 80GB HBM3"
 STEPS = ["split_k", "v1_mma", "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "v5_regs_p", "v6_exp2", "v7_tiles",
          "v8_two_row_tiles", "v9_wgmma_tma", "v10_pingpong"]
