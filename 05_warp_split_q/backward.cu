@@ -19,6 +19,8 @@ const std::vector<BackwardStep>& backward_steps() {
        backward_v4_exp2<fa::half_t>, backward_v4_exp2<fa::bfloat16_t>},
       {"bwd_v5_vec_atomic", "dQ's atomics on float2 (sm_90): half the atomic instructions, full 32-byte sectors",
        backward_v5_vec_atomic<fa::half_t>, backward_v5_vec_atomic<fa::bfloat16_t>},
+      {"bwd_v6_bc128", "128 keys per block, 8 warps: each Q_i, dO_i load and dQ_i atomic pass serves twice the keys",
+       backward_v6_bc128<fa::half_t>, backward_v6_bc128<fa::bfloat16_t>},
   };
   return steps;
 }

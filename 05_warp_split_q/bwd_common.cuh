@@ -11,13 +11,14 @@ namespace wsq {
 namespace bwd {
 
 // ---- tiles ----------------------------------------------------------------------------------------------
-// K/V-block kernel: Bc = 64 keys, 4 warps, warp w owns keys 16w .. 16w+15 (their dK, dV rows live in its
-// registers for the whole kernel). Br query rows per step of the Q loop: 64 at d = 64; 32 at d = 128, because
-// dK and dV of 16 keys x 128 columns already take 128 fp32 registers per lane.
-template <int D>
+// K/V-block kernel: Bc keys (64 in steps 1-5, 128 in step 6), Bc / 16 warps, warp w owns keys 16w .. 16w+15
+// (their dK, dV rows live in its registers for the whole kernel). Br query rows per step of the Q loop: 64 at
+// d = 64; 32 at d = 128, because dK and dV of 16 keys x 128 columns already take 128 fp32 registers per lane.
+template <int D, int KeysPerBlock = 64>
 struct KvTile {
   static_assert(D == 64 || D == 128, "the backward is compiled for head_dim 64 and 128");
-  static constexpr int Bc = 64, Br = D == 64 ? 64 : 32;
+  static_assert(KeysPerBlock == 64 || KeysPerBlock == 128, "4 or 8 warps of 16 keys");
+  static constexpr int Bc = KeysPerBlock, Br = D == 64 ? 64 : 32;
   static constexpr int kWarps = Bc / 16, kThreads = 32 * kWarps;
 };
 // Deterministic dQ kernel: Br = 64 query rows, 4 warps, warp w owns rows 16w .. 16w+15; Bc = 64 keys per step.

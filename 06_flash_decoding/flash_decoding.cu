@@ -469,28 +469,59 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
   __syncthreads();
 }
 
-// Algorithm 2 for one query row g, by one warp (lane owns d/32 columns): M over every split's LSE_s (lanes take
-// splits lane, lane + 32, ...), then the weighted sum in split order; empty splits (LSE_s = -inf) are skipped, so
-// their O_s is never read into the sum. The workspace is read with ld.global.cg (L2, not L1): in the fused kernel
-// other blocks wrote it during this launch, and L1 is not coherent between SMs.
+// Algorithm 2 for one query row g, by one warp (lane owns d/32 columns). In the fused kernels this runs after every
+// other block of the step has finished, so its latency is added to the step whole (README §4.4): no load may wait
+// for another. Every LSE_s is loaded at once (lane i holds splits i, i + 32, ...), and with them the first
+// kMergeBatch partial rows O_s, which need no M; then M (line 1), each lane's weights e^(LSE_s - M) (0 for an empty
+// split, LSE_s = -inf), and the weighted sums in split order (lines 2-3), so the sums are those of a
+// one-split-at-a-time loop, bit for bit. Up to 16 splits that is one round trip to L2 instead of two per split.
+// An empty split's O_s is loaded but never added. The workspace is read with ld.global.cg (L2, not L1): in the
+// fused kernel other blocks wrote it during this launch, and L1 is not coherent between SMs.
+constexpr int kMergeBatch = 16;               // partial rows in flight per lane: 16 x d/32 floats
+constexpr int kLseRounds = kMaxSplits / 32;  // LSE_s values per lane
 template <class T, int D>
 __device__ __forceinline__ void merge_row(size_t g, size_t rows, int splits, const float* ws_o, const float* ws_lse,
                                           T* o, float* lse) {
   constexpr int kCols = D / 32;
+  static_assert(kMaxSplits % 32 == 0 && 32 % kMergeBatch == 0, "whole rounds of 32 splits, whole batches in each");
   const int lane = threadIdx.x % 32;
+  float x[kMergeBatch][kCols];  // partial rows of splits s0 .. s0 + kMergeBatch - 1, this lane's columns
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        x[i][c] = s0 + i < splits ? __ldcg(ws_o + (size_t(s0 + i) * rows + g) * D + lane * kCols + c) : 0.f;
+  };
+  float ls[kLseRounds];
+#pragma unroll
+  for (int k = 0; k < kLseRounds; ++k)
+    ls[k] = lane + 32 * k < splits ? __ldcg(ws_lse + size_t(lane + 32 * k) * rows + g) : -INFINITY;
+  load_batch(0);
   float M = -INFINITY;  // line 1
-  for (int s = lane; s < splits; s += 32) M = fmaxf(M, __ldcg(ws_lse + size_t(s) * rows + g));
+#pragma unroll
+  for (int k = 0; k < kLseRounds; ++k) M = fmaxf(M, ls[k]);
   M = warp_max(M);
   float acc[kCols] = {}, Lsum = 0.f;
   if (M != -INFINITY)
-    for (int s = 0; s < splits; ++s) {  // lines 2-3
-      const float ls = __ldcg(ws_lse + size_t(s) * rows + g);
-      if (ls == -INFINITY) continue;
-      const float w = expf(ls - M);
-      Lsum += w;
-      const float* os = ws_o + (size_t(s) * rows + g) * D + lane * kCols;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, __ldcg(os + c), acc[c]);
+    for (int k = 0; k < kLseRounds; ++k) {  // lines 2-3
+      if (32 * k >= splits) break;
+      const float w_lane = ls[k] == -INFINITY ? 0.f : expf(ls[k] - M);  // split 32k + lane's weight
+#pragma unroll
+      for (int i0 = 0; i0 < 32; i0 += kMergeBatch) {
+        const int s0 = 32 * k + i0;
+        if (s0 >= splits) break;
+        if (s0 > 0) load_batch(s0);
+#pragma unroll
+        for (int i = 0; i < kMergeBatch; ++i) {
+          const float w = __shfl_sync(0xffffffffu, w_lane, i0 + i);  // the same in every lane: no divergence
+          if (w == 0.f) continue;  // an empty split, or past the last
+          Lsum += w;
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, x[i][c], acc[c]);
+        }
+      }
     }
 #pragma unroll
   for (int c = 0; c < kCols; ++c) o[g * D + lane * kCols + c] = T(Lsum > 0.f ? acc[c] / Lsum : 0.f);  // line 4

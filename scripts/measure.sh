@@ -103,7 +103,9 @@ add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --
 # hidden 2048: H = 32 at d = 64, H = 16 at d = 128), causal off and on, fp16, forward; each run also times 04
 # (fp32). Then PyTorch's flash (FA2) and cuDNN backends' forward on the same shapes: 05's baselines.
 # 05bwd: the backward steps (both dQ modes, next to 04's backward) on the same shapes, and PyTorch's backward;
-# `--kernel none` and `--backward-only` time no forward, so 05's forward rows stay those of a 05 run.
+# `--kernel none` and `--backward-only` time no forward, so 05's forward rows stay those of a 05 run. Every step at
+# N = 4096 (the ladder's table), the last step at every N (each step's check against fp64 is what takes the time).
+BWD_LAST=bwd_v6_bc128
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
@@ -117,7 +119,8 @@ done
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
-      add 05bwd "$B/05_warp_split_q/warp_split_q --kernel none --no-previous --backward --bwd-kernel all --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --iters 10 --warmup 2"
+      which=$BWD_LAST; [ "$n" = 4096 ] && which=all
+      add 05bwd "$B/05_warp_split_q/warp_split_q --kernel none --no-previous --backward --bwd-kernel $which --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --iters 10 --warmup 2"
     done
     for backend in flash cudnn; do
       add 05bwd "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --backward-only --iters 10 --warmup 2"
