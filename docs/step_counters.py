@@ -135,8 +135,8 @@ BWD_EXPLAINS = {
                            "8 full sectors per request instead of 8 half-used ones: half the sectors")],
     "bwd_v6_bc128": [("atomic requests (M)", "global atomic requests (millions)",
                       "one pass of $B_r \\times d$ atomics per tile now serves 128 keys: half the requests"),
-                     ("smem wavefronts (M)", "shared-memory wavefronts (millions)",
-                      "the same ldmatrix reads per warp; fewer $Q_i$, $dO_i$ tile stores (one per 128 keys)")],
+                     ("instructions (M)", "warp instructions executed (millions)",
+                      "half the atomic instructions and half the $Q_i$, $dO_i$ copies per FLOP")],
 }
 
 
