@@ -25,12 +25,6 @@ const std::vector<BackwardStep>& backward_steps() {
   return steps;
 }
 
-BackwardTiles backward_tiles(int head_dim) {
-  return head_dim == 64 ? BackwardTiles{bwd::KvTile<64>::Br, bwd::KvTile<64>::Bc}
-                        : BackwardTiles{bwd::KvTile<128>::Br, bwd::KvTile<128>::Bc};
-}
-BackwardTiles backward_dq_tiles(int) { return {bwd::DqTile::Br, bwd::DqTile::Bc}; }
-
 size_t backward_workspace_bytes(const fa::Problem& p) { return p.lse_elems() * sizeof(float); }
 
 namespace bwd {

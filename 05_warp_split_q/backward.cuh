@@ -46,13 +46,6 @@ inline BackwardFn<fa::half_t> backward_fn<fa::half_t>(const BackwardStep& s) { r
 template <>
 inline BackwardFn<fa::bfloat16_t> backward_fn<fa::bfloat16_t>(const BackwardStep& s) { return s.bf16; }
 
-// Tile sizes of the main backward kernel (grid over K/V blocks) and of the deterministic dQ kernel.
-struct BackwardTiles {
-  int Br, Bc;
-};
-BackwardTiles backward_tiles(int head_dim);
-BackwardTiles backward_dq_tiles(int head_dim);
-
 // Device memory backward needs besides its inputs and outputs: D = rowsum(dO o O), [B,H,Nq] fp32.
 // Allocate it once (outside timing loops) and pass it as `workspace`.
 size_t backward_workspace_bytes(const fa::Problem& p);

@@ -17,7 +17,7 @@
 
 namespace wsq_bwd_model {
 
-// The kernels' tiles (wsq::backward_tiles, backward_dq_tiles; bwd_common.cuh): steps 1-5's. Step 6 takes Bc = 128
+// The kernels' tiles (bwd_common.cuh's KvTile and DqTile): steps 1-5's. Step 6 takes Bc = 128
 // keys per block; the arithmetic per key and per query row, which is what this model fixes, is the same.
 inline int kv_Br(int head_dim) { return head_dim == 64 ? 64 : 32; }
 constexpr int kv_Bc = 64, dq_Br = 64, dq_Bc = 64;

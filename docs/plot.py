@@ -15,6 +15,8 @@ One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, wi
     <g>_roofline.png           every row with a FLOP count and a traffic model, on the GPU's roofline
     <g>_05_ladder_<dtype>.png  chapter 05's steps as bars, PyTorch's flash and cuDNN backends as lines
     <g>_05_fwd_<dtype>.png     chapter 05's steps and PyTorch's backends, TFLOP/s against N
+    <g>_05_bwd_<dtype>.png     chapter 05's last backward step (both dQ modes) and PyTorch's backends' backward,
+                               TFLOP/s against N
     <g>_06_bandwidth.png       chapter 06, GB/s of K and V read against the cache length, the read-only ceiling
     <g>_06_splits.png          chapter 06, GB/s against the number of KV splits
     <g>_04_block_sparse.png    chapter 04's block-sparse kernels, time against block density, next to the dense
@@ -461,6 +463,45 @@ def fwd_05(rows, gpu, dtype, path):
     return path
 
 
+def bwd_05(rows, gpu, dtype, path):
+    """05's last backward step (the highest bwd_vN, atomic and deterministic dQ) and PyTorch's backward against N,
+    one panel per (d, causal). Only the last step: earlier steps were measured at every N in older runs, with an
+    older dQ kernel, and a curve of mixed runs would mislead."""
+    step_no = lambda r: int(re.match(r"bwd_v(\d+)_", r["kernel"]).group(1))  # noqa: E731
+    mine = [r for r in rows if r["chapter"] == "05" and r["dtype"] == dtype and r["pass"] == "bwd" and r["tflops"] > 0
+            and re.match(r"bwd_v\d+_", r["kernel"]) and r["Nq"] == r["Nk"]]
+    if not mine:
+        return None
+    last = max(step_no(r) for r in mine)
+    sel = [r for r in mine if step_no(r) == last] + [
+        r for r in rows if r["chapter"] == "torch" and r["dtype"] == dtype and r["pass"] == "bwd" and r["tflops"] > 0
+        and r["Nq"] == r["Nk"]]
+    panels = sorted({(r["d"], r["causal"]) for r in sel if r["chapter"] == "05"})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.8), sharey=True, squeeze=False)
+    for ax, (d, causal) in zip(axes[0], panels):
+        lines = OrderedDict()
+        for r in sel:
+            if (r["d"], r["causal"]) == (d, causal):
+                lines.setdefault(r["label"], []).append(r)
+        for name, pts in lines.items():
+            pts = sorted(pts, key=lambda r: r["Nq"])
+            st = style_of(pts[0])
+            if pts[0]["chapter"] == "05":
+                st.update(marker="o", linestyle="-" if pts[0]["kernel"].endswith("_atomic_dq") else ":")
+            ax.plot([r["Nq"] for r in pts], [r["tflops"] for r in pts], label=name, **st)
+        pow2_ticks(ax, {r["Nq"] for v in lines.values() for r in v})
+        ax.set_title(f"d = {d}, {'causal' if causal else 'no mask'}", fontsize=10)
+        ax.set_xlabel("sequence length N (Nq = Nk; batch = tokens / N)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("TFLOP/s (backward = 2.5x forward FLOPs)")
+    figure_legend(fig, axes[0], ncol=4)
+    fig.suptitle(f"05 backward, last step (bwd_v{last}), {dtype}, on {gpu}", fontsize=11)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def decode_06(rows, gpu, path_n, path_splits):
     """06: GB/s (K and V bytes read / time) against the cache length, and against the split count."""
     mine = [r for r in rows if r["chapter"] == "06" and r["gbps"] > 0]
@@ -638,7 +679,8 @@ def plot_csv(path, out_dir, table=False, readme=False):
     written = [tflops_vs_n(rows, gpu, "fwd", p("fwd")), tflops_vs_n(rows, gpu, "bwd", p("bwd")),
                memory_vs_n(rows, gpu, spec, p("memory")), roofline(rows, gpu, spec, p("roofline"), table)]
     for dtype in sorted({r["dtype"] for r in rows if r["chapter"] == "05"}):
-        written += [ladder_05(rows, gpu, dtype, p(f"05_ladder_{dtype}")), fwd_05(rows, gpu, dtype, p(f"05_fwd_{dtype}"))]
+        written += [ladder_05(rows, gpu, dtype, p(f"05_ladder_{dtype}")), fwd_05(rows, gpu, dtype, p(f"05_fwd_{dtype}")),
+                    bwd_05(rows, gpu, dtype, p(f"05_bwd_{dtype}"))]
     written += decode_06(rows, gpu, p("06_bandwidth"), p("06_splits"))
     written.append(block_sparse_04(rows, gpu, p("04_block_sparse")))
     return [w for w in written if w]
