@@ -1,10 +1,10 @@
-// Backward step 6: 128 keys per block, 8 warps (Bc = 128; steps 1-5: 64 keys, 4 warps). Each warp still owns 16
-// keys, so the registers per thread and the per-tile work of a warp are step 5's. What doubles is what one tile's
-// shared work serves: Q_i and dO_i are loaded to shared memory once for 128 keys instead of 64, and dQ_i += tau dS
-// K_j is one atomic pass of Br x d adds for 128 keys: per FLOP, half the Q_i/dO_i traffic and half the atomics,
-// which step 5 showed the atomic mode waits on. The price: one block of 8 warps per SM instead of two of 4 (the
-// registers allow 8 warps either way), so a barrier now stops every warp of the SM, and a K/V block of 128 keys
-// leaves half as many blocks in the grid (Tc = kv_len / 128).
+// Backward step 6: 128 keys per block, 8 warps (Bc = 128; steps 1-5: 64 keys, 4 warps). Each warp still owns 16 keys,
+// so the registers per thread and a warp's FLOPs per tile are step 5's (in line 9 it adds half as many columns of dQ_i,
+// over twice the keys). What doubles is what one tile's shared work serves: Q_i and dO_i are loaded to shared memory
+// once for 128 keys instead of 64, and dQ_i += tau dS K_j is one atomic pass of Br x d adds for 128 keys: per FLOP,
+// half the Q_i/dO_i traffic and half the atomics, which step 5 showed the atomic mode waits on. The price: one block of
+// 8 warps per SM instead of two of 4 (the registers allow 8 warps either way), so a barrier now stops every warp of the
+// SM, and a K/V block of 128 keys leaves half as many blocks in the grid (Tc = ceil(kv_len / 128)).
 //
 // One block per K/V block j (grid Tc x Hkv x B), BACKWARD.md Algorithm B:
 //   line 1   load K_j, V_j; dK_j = dV_j = 0                       (warp w: keys 16w..16w+15, in registers)

@@ -470,11 +470,12 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 }
 
 // Algorithm 2 for one query row g, by one warp (lane owns d/32 columns). In the fused kernels this runs after every
-// other block of the step has finished, so its latency is added to the step whole (README §4.4): no load may wait
-// for another. Every LSE_s is loaded at once (lane i holds splits i, i + 32, ...), and with them the first
+// other block of its row chunk has finished (with one wave of blocks, at the end of the step), so its latency is
+// added to the step whole (README §4.4): no load may wait for another. Every LSE_s is loaded at once (lane i holds splits i, i + 32, ...), and with them the first
 // kMergeBatch partial rows O_s, which need no M; then M (line 1), each lane's weights e^(LSE_s - M) (0 for an empty
 // split, LSE_s = -inf), and the weighted sums in split order (lines 2-3), so the sums are those of a
-// one-split-at-a-time loop, bit for bit. Up to 16 splits that is one round trip to L2 instead of two per split.
+// one-split-at-a-time loop, bit for bit. Up to 16 splits that is one round trip to L2 instead of two per split;
+// beyond, one more per kMergeBatch splits (the next batch of O_s, loaded when the sums reach it).
 // An empty split's O_s is loaded but never added. The workspace is read with ld.global.cg (L2, not L1): in the
 // fused kernel other blocks wrote it during this launch, and L1 is not coherent between SMs.
 constexpr int kMergeBatch = 16;               // partial rows in flight per lane: 16 x d/32 floats
