@@ -7,7 +7,7 @@
 # Prints one markdown table per head dim for 05_warp_split_q/README.md section 4 (with --backward: BACKWARD.md
 # section 5; docs/measuring.md, section 5); `python3 docs/step_counters.py table OUT_CSV` prints them again. Needs an
 # NVIDIA GPU, Nsight Compute's ncu (on PATH, in the CUDA toolkit's bin, or NCU=/path/to/ncu) and python3; about 30
-# seconds on an H100 (the backward mode: not yet run on a GPU).
+# seconds on an H100 (the backward mode about 40).
 # Exit 0 done, 1 no GPU, no ncu, a program failed or the launches did not match the steps, 2 bad usage.
 set -uo pipefail
 usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
