@@ -21,6 +21,8 @@ const std::vector<BackwardStep>& backward_steps() {
        backward_v5_vec_atomic<fa::half_t>, backward_v5_vec_atomic<fa::bfloat16_t>},
       {"bwd_v6_bc128", "128 keys per block, 8 warps: each Q_i, dO_i load and dQ_i atomic pass serves twice the keys",
        backward_v6_bc128<fa::half_t>, backward_v6_bc128<fa::bfloat16_t>},
+      {"bwd_v7_br64", "64 query rows per tile at d = 128 too: each K_j, V_j fragment load serves twice the mma",
+       backward_v7_br64<fa::half_t>, backward_v7_br64<fa::bfloat16_t>},
   };
   return steps;
 }

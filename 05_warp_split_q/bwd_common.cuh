@@ -11,14 +11,16 @@ namespace wsq {
 namespace bwd {
 
 // ---- tiles ----------------------------------------------------------------------------------------------
-// K/V-block kernel: Bc keys (64 in steps 1-5, 128 in step 6), Bc / 16 warps, warp w owns keys 16w .. 16w+15
+// K/V-block kernel: Bc keys (64 in steps 1-5, 128 from step 6), Bc / 16 warps, warp w owns keys 16w .. 16w+15
 // (their dK, dV rows live in its registers for the whole kernel). Br query rows per step of the Q loop: 64 at
-// d = 64; 32 at d = 128, because dK and dV of 16 keys x 128 columns already take 128 fp32 registers per lane.
-template <int D, int KeysPerBlock = 64>
+// d = 64; at d = 128 32 in steps 1-6, because dK and dV of 16 keys x 128 columns already take 128 fp32 registers
+// per lane, and 64 in step 7, which spends the last few registers on it.
+template <int D, int KeysPerBlock = 64, int QueryRows = (D == 64 ? 64 : 32)>
 struct KvTile {
   static_assert(D == 64 || D == 128, "the backward is compiled for head_dim 64 and 128");
   static_assert(KeysPerBlock == 64 || KeysPerBlock == 128, "4 or 8 warps of 16 keys");
-  static constexpr int Bc = KeysPerBlock, Br = D == 64 ? 64 : 32;
+  static_assert(QueryRows == 32 || QueryRows == 64, "2 or 4 row tiles of 16 queries");
+  static constexpr int Bc = KeysPerBlock, Br = QueryRows;
   static constexpr int kWarps = Bc / 16, kThreads = 32 * kWarps;
 };
 // Deterministic dQ kernel: Br = 64 query rows, 4 warps, warp w owns rows 16w .. 16w+15; Bc = 64 keys per step.

@@ -137,6 +137,10 @@ BWD_EXPLAINS = {
                       "one pass of $B_r \\times d$ atomics per tile now serves 128 keys: half the requests"),
                      ("instructions (M)", "warp instructions executed (millions)",
                       "half the atomic instructions and half the $Q_i$, $dO_i$ copies per FLOP")],
+    "bwd_v7_br64": [("barrier", "warps waiting at a barrier, per issued instruction",
+                     "half the tiles at d = 128: half the barriers per FLOP (d = 64: step 6 itself)"),
+                    ("smem wavefronts (M)", "shared-memory wavefronts (millions)",
+                     "each $K_j$, $V_j$ fragment load of line 5 feeds twice the mma")],
 }
 
 

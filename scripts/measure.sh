@@ -10,8 +10,8 @@
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
-# All chapters take about 25 minutes on an H100 (measured: 00-04 about 10, 05 5.4, 05bwd 6.5, 06 about 2;
-# estimated: 05fwd a few).
+# All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, 05bwd 6.5 with six steps and
+# one at every N, 06 about 2; estimated: 05bwd about 9 with steps 6 and 7 at every N, 05fwd a few).
 set -uo pipefail
 usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=00,01,02,03,04,05,05bwd,06
@@ -104,8 +104,8 @@ add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --
 # (fp32). Then PyTorch's flash (FA2) and cuDNN backends' forward on the same shapes: 05's baselines.
 # 05bwd: the backward steps (both dQ modes, next to 04's backward) on the same shapes, and PyTorch's backward;
 # `--kernel none` and `--backward-only` time no forward, so 05's forward rows stay those of a 05 run. Every step at
-# N = 4096 (the ladder's table), the last step at every N (each step's check against fp64 is what takes the time).
-BWD_LAST=bwd_v6_bc128
+# N = 4096 (the ladder's table), the last two steps at every N (each step's check against fp64 is what takes the time).
+BWD_LAST=bwd_v6_bc128,bwd_v7_br64
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
