@@ -429,6 +429,33 @@ def ladder_05(rows, gpu, dtype, path):
     return path
 
 
+def panels_vs_n(sel, panels, restyle, ylabel, title, path, height=5.2, legend_room=0.2):
+    """TFLOP/s against N, one panel per (d, causal) of `panels`, a line per label; restyle(first row, style) may
+    change a line's style. Shared by chapter 05's forward and backward figures."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), height), sharey=True, squeeze=False)
+    for ax, (d, causal) in zip(axes[0], panels):
+        lines = OrderedDict()
+        for r in sel:
+            if (r["d"], r["causal"]) == (d, causal):
+                lines.setdefault(r["label"], []).append(r)
+        for name, pts in lines.items():
+            pts = sorted(pts, key=lambda r: r["Nq"])
+            st = style_of(pts[0])
+            restyle(pts[0], st)
+            ax.plot([r["Nq"] for r in pts], [r["tflops"] for r in pts], label=name, **st)
+        pow2_ticks(ax, {r["Nq"] for v in lines.values() for r in v})
+        ax.set_title(f"d = {d}, {'causal' if causal else 'no mask'}", fontsize=10)
+        ax.set_xlabel("sequence length N (Nq = Nk; batch = tokens / N)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    figure_legend(fig, axes[0], ncol=4)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, legend_room, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def fwd_05(rows, gpu, dtype, path):
     """05 and PyTorch TFLOP/s against N, one panel per (d, causal); B may change with N (fixed token count)."""
     sel = [r for r in rows if r["chapter"] in ("05", "torch") and r["dtype"] == dtype and r["pass"] == "fwd"
@@ -438,29 +465,11 @@ def fwd_05(rows, gpu, dtype, path):
         return None
     steps = list(OrderedDict.fromkeys(r["label"] for r in sel if r["chapter"] == "05"))
     shade = {name: plt.cm.viridis(0.85 * k / max(1, len(steps) - 1)) for k, name in enumerate(steps)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 5.2), sharey=True, squeeze=False)
-    for ax, (d, causal) in zip(axes[0], panels):
-        lines = OrderedDict()
-        for r in sel:
-            if (r["d"], r["causal"]) == (d, causal):
-                lines.setdefault(r["label"], []).append(r)
-        for name, pts in lines.items():
-            pts = sorted(pts, key=lambda r: r["Nq"])
-            st = style_of(pts[0])
-            if name in shade:
-                st.update(color=shade[name], marker="o")
-            ax.plot([r["Nq"] for r in pts], [r["tflops"] for r in pts], label=name, **st)
-        pow2_ticks(ax, {r["Nq"] for v in lines.values() for r in v})
-        ax.set_title(f"d = {d}, {'causal' if causal else 'no mask'}", fontsize=10)
-        ax.set_xlabel("sequence length N (Nq = Nk; batch = tokens / N)")
-        ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("TFLOP/s")
-    figure_legend(fig, axes[0], ncol=4)
-    fig.suptitle(f"05 forward, {dtype}, on {gpu}", fontsize=11)
-    fig.tight_layout(rect=(0, 0.2, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    def restyle(r, st):
+        if r["label"] in shade:
+            st.update(color=shade[r["label"]], marker="o")
+    return panels_vs_n(sel, panels, restyle, "TFLOP/s", f"05 forward, {dtype}, on {gpu}", path)
 
 
 def bwd_05(rows, gpu, dtype, path):
@@ -477,29 +486,12 @@ def bwd_05(rows, gpu, dtype, path):
         r for r in rows if r["chapter"] == "torch" and r["dtype"] == dtype and r["pass"] == "bwd" and r["tflops"] > 0
         and r["Nq"] == r["Nk"]]
     panels = sorted({(r["d"], r["causal"]) for r in sel if r["chapter"] == "05"})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.8), sharey=True, squeeze=False)
-    for ax, (d, causal) in zip(axes[0], panels):
-        lines = OrderedDict()
-        for r in sel:
-            if (r["d"], r["causal"]) == (d, causal):
-                lines.setdefault(r["label"], []).append(r)
-        for name, pts in lines.items():
-            pts = sorted(pts, key=lambda r: r["Nq"])
-            st = style_of(pts[0])
-            if pts[0]["chapter"] == "05":
-                st.update(marker="o", linestyle="-" if pts[0]["kernel"].endswith("_atomic_dq") else ":")
-            ax.plot([r["Nq"] for r in pts], [r["tflops"] for r in pts], label=name, **st)
-        pow2_ticks(ax, {r["Nq"] for v in lines.values() for r in v})
-        ax.set_title(f"d = {d}, {'causal' if causal else 'no mask'}", fontsize=10)
-        ax.set_xlabel("sequence length N (Nq = Nk; batch = tokens / N)")
-        ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("TFLOP/s (backward = 2.5x forward FLOPs)")
-    figure_legend(fig, axes[0], ncol=4)
-    fig.suptitle(f"05 backward, last step (bwd_v{last}), {dtype}, on {gpu}", fontsize=11)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    def restyle(r, st):
+        if r["chapter"] == "05":
+            st.update(marker="o", linestyle="-" if r["kernel"].endswith("_atomic_dq") else ":")
+    return panels_vs_n(sel, panels, restyle, "TFLOP/s (backward = 2.5x forward FLOPs)",
+                       f"05 backward, last step (bwd_v{last}), {dtype}, on {gpu}", path, height=4.8, legend_room=0.12)
 
 
 def decode_06(rows, gpu, path_n, path_splits):
