@@ -23,9 +23,10 @@ struct KvTile {
   static constexpr int Bc = KeysPerBlock, Br = QueryRows;
   static constexpr int kWarps = Bc / 16, kThreads = 32 * kWarps;
 };
-// Deterministic dQ kernel: Br = 64 query rows, 4 warps, warp w owns rows 16w .. 16w+15; Bc = 64 keys per step.
+// Deterministic dQ kernel: Br = 64 query rows, 4 warps, warp w owns rows 16w .. 16w+15; Bc = 64 keys per step,
+// kStages = 2 shared buffers of K_j, V_j (the block being computed and the one being loaded).
 struct DqTile {
-  static constexpr int Br = 64, Bc = 64, kWarps = Br / 16, kThreads = 32 * kWarps;
+  static constexpr int Br = 64, Bc = 64, kWarps = Br / 16, kThreads = 32 * kWarps, kStages = 2;
 };
 
 // Shared tiles are row-major with every row padded by 8 values (16 bytes). A row of 64 or 128 values is 144
@@ -46,6 +47,18 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int row0, int n_
     uint4 x = make_uint4(0, 0, 0, 0);
     if (row0 + r < n_rows) x = *reinterpret_cast<const uint4*>(src + size_t(row0 + r) * D + col);
     *reinterpret_cast<uint4*>(dst + r * (D + kPad) + col) = x;
+  }
+}
+
+// The same rows started as cp.async copies (the caller commits and waits): rows past n_rows are zero-filled
+// without being read (their source address is clamped to row 0, which exists). Steps 3-7 and the dQ kernel.
+template <class T, int Rows, int D, int Threads>
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int row0, int n_rows) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int c = threadIdx.x; c < Rows * kChunks; c += Threads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = row0 + r < n_rows;
+    cp_async_16(dst + r * (D + kPad) + col, src + size_t(valid ? row0 + r : 0) * D + col, valid);
   }
 }
 

@@ -32,18 +32,6 @@ using bwd_frag::Operand;
 constexpr int kStages = 2;  // Q_i/dO_i buffers: the tile being computed and the one being loaded
 constexpr int kBc = 128;    // keys per block: 8 warps of 16
 
-// Starts copying rows [row0, row0 + Rows) of a [n_rows, D] matrix into shared [Rows][D + kPad]; rows past n_rows
-// are zero-filled without being read (their source address is clamped to row 0, which exists).
-template <class T, int Rows, int D, int Threads>
-__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int row0, int n_rows) {
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int c = threadIdx.x; c < Rows * kChunks; c += Threads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool valid = row0 + r < n_rows;
-    cp_async_16(dst + r * (D + bwd::kPad) + col, src + size_t(valid ? row0 + r : 0) * D + col, valid);
-  }
-}
-
 template <class T, int D, bool kAtomicDq>
 __global__ void __launch_bounds__(bwd::KvTile<D, kBc>::kThreads)
     kv_kernel(fa::Problem p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -79,10 +67,10 @@ __global__ void __launch_bounds__(bwd::KvTile<D, kBc>::kThreads)
   const float tau_log2 = tau * bwd::kLog2e;  // S^T in base-2 units
 
   const int i_first = p.first_query_seeing(j0) / Br * Br;
-  load_tile_async<T, Bc, D, kThreads>(Ks, k + p.kv_offset(b, hk), j0, p.kv_len);  // line 1, and tile 0's line 4
-  load_tile_async<T, Bc, D, kThreads>(Vs, v + p.kv_offset(b, hk), j0, p.kv_len);
-  load_tile_async<T, Br, D, kThreads>(Qs2, q + p.q_offset(b, hk * p.group()), i_first, p.q_len);
-  load_tile_async<T, Br, D, kThreads>(dOs2, dout + p.q_offset(b, hk * p.group()), i_first, p.q_len);
+  bwd::load_tile_async<T, Bc, D, kThreads>(Ks, k + p.kv_offset(b, hk), j0, p.kv_len);  // line 1, and tile 0's line 4
+  bwd::load_tile_async<T, Bc, D, kThreads>(Vs, v + p.kv_offset(b, hk), j0, p.kv_len);
+  bwd::load_tile_async<T, Br, D, kThreads>(Qs2, q + p.q_offset(b, hk * p.group()), i_first, p.q_len);
+  bwd::load_tile_async<T, Br, D, kThreads>(dOs2, dout + p.q_offset(b, hk * p.group()), i_first, p.q_len);
   cp_async_commit();
   bwd::load_stats<Br, kThreads>(Ls2, Ds2, lse + p.lse_offset(b, hk * p.group()), Dv + p.lse_offset(b, hk * p.group()),
                                 i_first, p.q_len);
@@ -98,8 +86,8 @@ __global__ void __launch_bounds__(bwd::KvTile<D, kBc>::kThreads)
       const int next = (tile + 1) % kStages;
       float L_next = 0.f, D_next = 0.f;  // thread r < Br carries row r's L_i, D_i of the next tile
       if (has_next) {
-        load_tile_async<T, Br, D, kThreads>(Qs2 + next * Br * kLd, q + p.q_offset(b, h_next), i_next, p.q_len);
-        load_tile_async<T, Br, D, kThreads>(dOs2 + next * Br * kLd, dout + p.q_offset(b, h_next), i_next, p.q_len);
+        bwd::load_tile_async<T, Br, D, kThreads>(Qs2 + next * Br * kLd, q + p.q_offset(b, h_next), i_next, p.q_len);
+        bwd::load_tile_async<T, Br, D, kThreads>(dOs2 + next * Br * kLd, dout + p.q_offset(b, h_next), i_next, p.q_len);
         const int r = threadIdx.x;
         if (r < Br && i_next + r < p.q_len)
           L_next = lse[p.lse_offset(b, h_next) + i_next + r], D_next = Dv[p.lse_offset(b, h_next) + i_next + r];
