@@ -18,13 +18,19 @@ using wsq_bwd_testing::make;
 
 namespace {
 
+// Every step in both dQ modes; or, with dq_kernel_only, the deterministic mode of the first step alone (the dQ
+// kernel is the same for every step), for shapes too long to run through every step.
 template <class T>
-void check_steps(const Case& c) {
+void check_steps(const Case& c, bool dq_kernel_only) {
   const Problem& p = c.p;
   const std::vector<T> q = to_dtype<T>(c.q), k = to_dtype<T>(c.k), v = to_dtype<T>(c.v), o = to_dtype<T>(c.o),
                        dout = to_dtype<T>(c.dout);
-  for (const wsq::BackwardStep& s : wsq::backward_steps())
-    for (wsq::DqMode mode : {wsq::DqMode::Atomic, wsq::DqMode::Deterministic}) {
+  const std::vector<wsq::BackwardStep>& all = wsq::backward_steps();
+  const std::vector<wsq::BackwardStep> steps(all.begin(), dq_kernel_only ? all.begin() + 1 : all.end());
+  std::vector<wsq::DqMode> modes{wsq::DqMode::Deterministic};
+  if (!dq_kernel_only) modes.insert(modes.begin(), wsq::DqMode::Atomic);
+  for (const wsq::BackwardStep& s : steps)
+    for (wsq::DqMode mode : modes) {
       const std::string mode_name = mode == wsq::DqMode::Atomic ? "Atomic" : "Deterministic";
       INFO("step ", std::string(s.name), ", dQ mode ", mode_name);
       std::vector<float> dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems()), ws(p.lse_elems());
@@ -44,10 +50,10 @@ void check_steps(const Case& c) {
     }
 }
 
-void check_all(const Problem& p, double stddev = 1.0) {
+void check_all(const Problem& p, double stddev = 1.0, bool dq_kernel_only = false) {
   INFO(describe(p), " stddev=", stddev);
-  check_steps<half_t>(wsq_bwd_testing::make_case(Dtype::fp16, p, stddev));
-  check_steps<bfloat16_t>(wsq_bwd_testing::make_case(Dtype::bf16, p, stddev));
+  check_steps<half_t>(wsq_bwd_testing::make_case(Dtype::fp16, p, stddev), dq_kernel_only);
+  check_steps<bfloat16_t>(wsq_bwd_testing::make_case(Dtype::bf16, p, stddev), dq_kernel_only);
 }
 
 }  // namespace
@@ -69,4 +75,12 @@ TEST_CASE("emulated backward: large logits, custom scale") {
   Problem p = make(1, 2, 1, 70, 40, 64, true);
   p.scale = 0.05f;
   check_all(p);
+}
+
+TEST_CASE("emulated backward: the dQ kernel's two K/V buffers over 5 K/V blocks, and Q blocks that see no key") {
+  // 300 keys: blocks 0-4, the last one 44 keys long, so each buffer is refilled twice; causal with q_len - kv_len
+  // = 133: Q blocks 0 and 1 never enter the K/V loop, block 2 does one K/V block and block 3 two.
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) check_all(make(1, 1, 1, 113, 300, d, causal), 1.0, true);
+  check_all(make(1, 2, 1, 203, 70, 128, true), 1.0, true);
 }
