@@ -1,8 +1,8 @@
 // The backward kernels themselves, run on the CPU through emu/emu_bwd.hpp (emu/emu.hpp: every GPU thread a
-// cooperative context, barriers, shuffles, ldmatrix and mma.sync computed from the PTX ISA's rules, cp.async as an
-// immediate copy): every step x both dQ modes x fp16/bf16 x head_dim 64/128 on small ragged shapes, causal with
-// rows that see no key, GQA/MQA, large logits, outputs NaN-poisoned, judged by the same rule as the GPU tests
-// (bwd_testing.hpp). It tests the kernels' index arithmetic, operand addresses, masks, buffers and barriers
+// cooperative context, barriers, shuffles, ldmatrix and mma.sync computed from the PTX ISA's rules, cp.async landing
+// only when a wait lets its group complete): every step x both dQ modes x fp16/bf16 x head_dim 64/128 on small
+// ragged shapes, causal with rows that see no key, GQA/MQA, large logits, and the dQ kernel alone on longer ones,
+// outputs NaN-poisoned, judged by the same rule as the GPU tests (bwd_testing.hpp). It tests the kernels' index arithmetic, operand addresses, masks, buffers and barriers
 // without a GPU; it says nothing about speed, races or the asynchrony of cp.async (the sanitizer runs do).
 #include <doctest/doctest.h>
 
