@@ -90,6 +90,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// atomicAdd with release and acquire semantics at device scope (PTX memory model): the stores this thread made or
+// observed before it (for thread 0 after a __syncthreads: the whole block's) are visible to whoever reads the new
+// count, and the loads after it see what the blocks counted before it published.
+__device__ __forceinline__ int atomic_add_acq_rel(int* p, int x) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(x) : "memory");
+  return old;
+}
+
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -478,13 +487,14 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 // beyond, one more per kMergeBatch splits (the next batch of O_s, loaded when the sums reach it).
 // An empty split's O_s is loaded but never added. The workspace is read with ld.global.cg (L2, not L1): in the
 // fused kernel other blocks wrote it during this launch, and L1 is not coherent between SMs.
-constexpr int kMergeBatch = 16;               // partial rows in flight per lane: 16 x d/32 floats
-constexpr int kLseRounds = kMaxSplits / 32;  // LSE_s values per lane
-template <class T, int D>
+// MaxSplits bounds `splits` (kMaxSplits; split_kv_even's pieces per tile: kMaxEvenBlocks).
+constexpr int kMergeBatch = 16;  // partial rows in flight per lane: 16 x d/32 floats
+template <class T, int D, int MaxSplits = kMaxSplits>
 __device__ __forceinline__ void merge_row(size_t g, size_t rows, int splits, const float* ws_o, const float* ws_lse,
                                           T* o, float* lse) {
   constexpr int kCols = D / 32;
-  static_assert(kMaxSplits % 32 == 0 && 32 % kMergeBatch == 0, "whole rounds of 32 splits, whole batches in each");
+  constexpr int kLseRounds = MaxSplits / 32;  // LSE_s values per lane
+  static_assert(MaxSplits % 32 == 0 && 32 % kMergeBatch == 0, "whole rounds of 32 splits, whole batches in each");
   const int lane = threadIdx.x % 32;
   float x[kMergeBatch][kCols];  // partial rows of splits s0 .. s0 + kMergeBatch - 1, this lane's columns
   auto load_batch = [&](int s0) {
@@ -539,6 +549,81 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(int rows, int splits, c
   merge_row<T, D>(g, rows, splits, ws_o, ws_lse, o, lse);
 }
 
+// Stages = 2, the pipeline's prologue: each warp's first chunk of `keys` -> stage 0, in flight while Q is loaded.
+template <class T, int D, int R, bool Paged, int Stages, bool Mma>
+__device__ __forceinline__ void copy_first_chunks(const Args<T>& a, int b, int hk, KeyRange keys, char* smem) {
+  using L = Smem<D, R, Stages, Mma>;
+  if constexpr (Stages == 2) {
+    const int first = keys.begin + (threadIdx.x / 32) * kKeysPerWarp;
+    T* Ks = reinterpret_cast<T*>(smem + (threadIdx.x / 32) * L::kKVWarp);
+    if (first < keys.end) copy_chunk<T, D, Paged>(a, b, hk, first, keys.end, Ks, Ks + kKeysPerWarp * L::kLdKV);
+  }
+}
+
+// Lines 11-13 for the block's rows, once attend or attend_mma has left every warp's (m, l, O~) in the scratch: the
+// warps merged, then the partial s of `splits` written (O_s, LSE_s), or with one split O and LSE themselves. Fused:
+// the block that brings the rows' arrival counter `done` to `splits` merges them (Algorithm 2), MaxSplits bounding
+// `splits`. fin: the block's M, L and warp weights (Smem's kFin).
+template <class T, int D, int R, bool Fused, int MaxSplits>
+__device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float* fin, int b, int u, int r0, int nrows,
+                                       int s, int splits, int* done) {
+  // line 11: merge the warps: M = max m_w, L = sum l_w e^(m_w - M), O~ = sum O~_w e^(m_w - M)
+  const float* scratch = reinterpret_cast<const float*>(smem);
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    float M = -INFINITY, Lsum = 0.f;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch[(w * R + r) * (D + 3) + D]);
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = scratch[(w * R + r) * (D + 3) + D];
+      const float wt = mw == -INFINITY ? 0.f : expf(mw - M);
+      fin[2 * R + w * R + r] = wt;
+      Lsum += wt * scratch[(w * R + r) * (D + 3) + D + 1];
+    }
+    fin[r] = M, fin[R + r] = Lsum;
+  }
+  __syncthreads();
+
+  // line 12: the partial (O_s, LSE_s), or with one split O and LSE themselves
+  const bool direct = splits == 1;
+  for (int e = threadIdx.x; e < nrows * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    float o = 0.f;
+    for (int w = 0; w < kWarps; ++w) o += fin[2 * R + w * R + r] * scratch[(w * R + r) * (D + 3) + c];
+    const float Lsum = fin[R + r];
+    o = Lsum > 0.f ? o / Lsum : 0.f;
+    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);  // the query row
+    if (direct) a.o[g * D + c] = T(o);
+    else a.ws_o[(size_t(s) * a.q_rows + g) * D + c] = o;
+  }
+  if (threadIdx.x < nrows) {
+    const int r = threadIdx.x;
+    const float Lsum = fin[R + r];
+    const float lse = Lsum > 0.f ? fin[r] + logf(Lsum) : -INFINITY;
+    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);
+    if (direct) a.lse[g] = lse;
+    else a.ws_lse[size_t(s) * a.q_rows + g] = lse;
+  }
+
+  // line 13 (fused): publish the partial, count it; the block that brings the count to `splits` merges. The count
+  // is one acquire-release atomic (README §4.2): the barrier orders every thread's workspace stores before thread
+  // 0's atomic, whose release makes them visible device-wide with the count (release is cumulative); its acquire,
+  // passed on by the second barrier, orders the last block's reads after every other block's published partial.
+  if constexpr (Fused) {
+    if (direct) return;
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last = atomic_add_acq_rel(done, 1) == splits - 1;
+      if (last) *done = 0;  // every other block of these rows has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int r = threadIdx.x / 32; r < nrows; r += kWarps)
+      merge_row<T, D, MaxSplits>(a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r), a.q_rows, splits,
+                                 a.ws_o, a.ws_lse, a.o, a.lse);
+  }
+}
+
 // The split kernel (Algorithm 1). Grid (splits, row chunks, B x units), 128 threads, Smem<D, R, Stages, Mma>::kBytes
 // dynamic. Fused: with more than one split, the last block of a (row chunk, batch entry x unit) to finish merges
 // its rows' partials itself (Algorithm 2, line 13 of Algorithm 1; README §4.2), so no merge kernel is launched.
@@ -547,6 +632,7 @@ template <class T, int D, int R, bool Paged, bool Unified, int Stages, bool Fuse
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   using L = Smem<D, R, Stages, Mma>;
   static_assert(!Mma || (R == kMaxRows && !Unified), "the tensor-core path: one 16-row tile, the running max");
+  static_assert(Stages == 1 || !Unified, "the unified max's fallback re-runs attend, which expects no copy in flight");
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const int units = gridDim.z / a.p.batch;
@@ -557,13 +643,7 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
   const fa::Problem pb = seen_by(a.p, n_b);
   const KeyRange keys = split_range(n_b, a.splits, s);
 
-  // Stages = 2, the pipeline's prologue: each warp's first chunk -> stage 0, in flight while Q is loaded
-  if constexpr (Stages == 2) {
-    static_assert(!Unified, "the unified max's fallback re-runs attend, which expects no copy in flight");
-    const int first = keys.begin + (threadIdx.x / 32) * kKeysPerWarp;
-    T* Ks = reinterpret_cast<T*>(smem + (threadIdx.x / 32) * L::kKVWarp);
-    if (first < keys.end) copy_chunk<T, D, Paged>(a, b, hk, first, keys.end, Ks, Ks + kKeysPerWarp * L::kLdKV);
-  }
+  copy_first_chunks<T, D, R, Paged, Stages, Mma>(a, b, hk, keys, smem);
 
   // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend).
   // Mma: each warp loads Q's fragments into registers itself (attend_mma).
@@ -598,63 +678,42 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
     attend<T, D, R, Paged, false, Stages>(a, b, hk, r0, nrows, keys, pb, smem);
   }
 
-  // line 11: merge the warps: M = max m_w, L = sum l_w e^(m_w - M), O~ = sum O~_w e^(m_w - M)
-  const float* scratch = reinterpret_cast<const float*>(smem);
   float* fin = reinterpret_cast<float*>(smem + L::kKV + L::kQ + L::kP);  // [R] M, [R] L, [kWarps][R] weights
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    float M = -INFINITY, Lsum = 0.f;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch[(w * R + r) * (D + 3) + D]);
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = scratch[(w * R + r) * (D + 3) + D];
-      const float wt = mw == -INFINITY ? 0.f : expf(mw - M);
-      fin[2 * R + w * R + r] = wt;
-      Lsum += wt * scratch[(w * R + r) * (D + 3) + D + 1];
-    }
-    fin[r] = M, fin[R + r] = Lsum;
-  }
-  __syncthreads();
+  finish<T, D, R, Fused, kMaxSplits>(a, smem, fin, b, u, r0, nrows, s, a.splits,
+                                     Fused ? a.done + size_t(blockIdx.z) * gridDim.y + blockIdx.y : nullptr);
+}
 
-  // line 12: the partial (O_s, LSE_s), or with one split O and LSE themselves
-  const bool direct = a.splits == 1;
-  for (int e = threadIdx.x; e < nrows * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    float o = 0.f;
-    for (int w = 0; w < kWarps; ++w) o += fin[2 * R + w * R + r] * scratch[(w * R + r) * (D + 3) + c];
-    const float Lsum = fin[R + r];
-    o = Lsum > 0.f ? o / Lsum : 0.f;
-    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);  // the query row
-    if (direct) a.o[g * D + c] = T(o);
-    else a.ws_o[(size_t(s) * a.q_rows + g) * D + c] = o;
-  }
-  if (threadIdx.x < nrows) {
-    const int r = threadIdx.x;
-    const float Lsum = fin[R + r];
-    const float lse = Lsum > 0.f ? fin[r] + logf(Lsum) : -INFINITY;
-    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);
-    if (direct) a.lse[g] = lse;
-    else a.ws_lse[size_t(s) * a.q_rows + g] = lse;
-  }
-
-  // line 13 (fused): publish the partial, count it; the block that brings the count to `splits` merges. Every
-  // thread fences its own workspace stores before the barrier, so they are visible device-wide before thread 0's
-  // atomic says so; the last block fences again after the atomic, before it reads the other blocks' partials.
-  if constexpr (Fused) {
-    if (direct) return;
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int* done = a.done + size_t(blockIdx.z) * gridDim.y + blockIdx.y;
-      last = atomicAdd(done, 1) == a.splits - 1;
-      if (last) *done = 0;  // every other block of this row chunk has counted: ready for the next launch
-      __threadfence();
-    }
-    __syncthreads();
-    if (!last) return;
-    for (int r = threadIdx.x / 32; r < nrows; r += kWarps)
-      merge_row<T, D>(a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r), a.q_rows, a.splits, a.ws_o,
-                      a.ws_lse, a.o, a.lse);
+// split_kv_even (README §4.5): split_kv_mma's work, dealt by plan.hpp's even decomposition instead of the (split,
+// row chunk, unit) grid. Grid: C blocks (one per SM unless --splits says otherwise), 128 threads, split_kv_mma's
+// shared memory. Block k walks its share of the chunks piece by piece; each piece is split_kv_mma's block body for
+// one tile and a key range: the copies of its first chunks, attend_mma, and lines 11-13 with the piece as partial
+// `part` of the tile's `parts` (one piece: O and LSE written directly; else the last piece to arrive merges).
+// Fewer chunks than blocks (T < C): blocks T .. C - 1 have nothing to do, so that no share is empty.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 1) even_kernel(Args<T> a, int row_chunks) {
+  constexpr int R = kMaxRows, Stages = 2;
+  using L = Smem<D, R, Stages, true>;
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  float* fin = reinterpret_cast<float*>(smem + L::kKV + L::kQ + L::kP);
+  EvenWalk walk;
+  walk.lens = a.kv_lens, walk.batch = a.p.batch, walk.tiles_per_entry = a.p.kv_heads * row_chunks;
+  walk.T = even_total(a.kv_lens, a.p.batch, walk.tiles_per_entry);
+  walk.C = int(min((long long)gridDim.x, walk.T));
+  const int k = blockIdx.x;
+  if (k >= walk.C) return;
+  const long long x1 = even_begin(k + 1, walk.T, walk.C);
+  for (long long x = even_begin(k, walk.T, walk.C); x < x1;) {
+    const Piece pc = walk.piece(k, x, x1);
+    x = pc.next;
+    const int u = pc.tile / row_chunks, r0 = (pc.tile % row_chunks) * R, nrows = min(R, a.rows.per_unit() - r0);
+    const int hk = a.p.kv_head_of(a.rows.head(u, r0));
+    const fa::Problem pb = seen_by(a.p, a.kv_lens[pc.b]);
+    __syncthreads();  // the previous piece's lines 11-12 are done with the scratch the copies below overwrite
+    copy_first_chunks<T, D, R, false, Stages, true>(a, pc.b, hk, pc.keys, smem);
+    attend_mma<T, D, false, Stages>(a, pc.b, u, hk, r0, nrows, pc.keys, pb, smem);
+    finish<T, D, R, true, kMaxEvenBlocks>(a, smem, fin, pc.b, u, r0, nrows, pc.part, pc.parts,
+                                          a.done + size_t(pc.b) * walk.tiles_per_entry + pc.tile);
   }
 }
 
@@ -746,6 +805,17 @@ auto split_kernel_ready() {
   return fn;
 }
 
+template <class T, int D>
+auto even_kernel_ready() {
+  auto fn = even_kernel<T, D>;
+  static const bool raised = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D, kMaxRows, 2, true>::kBytes));
+    return true;
+  }();
+  (void)raised;
+  return fn;
+}
+
 // The fused merge's counters, one per (row chunk, batch entry x unit) of the grid: zeroed once when allocated and
 // left at zero by every launch (the last block of a row chunk resets its own), so no memset runs per decode step.
 // One stream at a time: two fused launches in flight on different streams would share them.
@@ -768,21 +838,23 @@ int log2_of(int x) {  // x a power of two (check_page_size)
 
 const std::vector<KernelInfo>& kernels() {
   static const std::vector<KernelInfo> list = {
-      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1, false, false,
+      {Kernel::fa2_grid, "fa2_grid", false, false, false, false, 1, false, false, false,
        "FA2's grid at decode time: one block per (query head, batch), walking all N keys"},
-      {Kernel::split_kv, "split_kv", false, true, false, false, 1, false, false,
+      {Kernel::split_kv, "split_kv", false, true, false, false, 1, false, false, false,
        "Flash-Decoding: the keys split across blocks, partials merged by LSE; one query head per block"},
-      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1, false, false,
+      {Kernel::split_kv_gqa, "split_kv_gqa", true, true, false, false, 1, false, false, false,
        "split_kv with the query heads of a kv group packed into one block: K/V read once per group"},
-      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2, false, false,
+      {Kernel::split_kv_pipelined, "split_kv_pipelined", true, true, false, false, 2, false, false, false,
        "split_kv_gqa with two K/V buffers per warp: the next chunk is copied while this one is computed"},
-      {Kernel::split_kv_fused, "split_kv_fused", true, true, false, false, 2, true, false,
+      {Kernel::split_kv_fused, "split_kv_fused", true, true, false, false, 2, true, false, false,
        "split_kv_pipelined whose last block per row chunk merges the splits: no second kernel launch"},
-      {Kernel::split_kv_mma, "split_kv_mma", true, true, false, false, 2, true, true,
+      {Kernel::split_kv_mma, "split_kv_mma", true, true, false, false, 2, true, true, false,
        "split_kv_fused with S = Q K^T and P V on tensor cores (mma.sync), the rows padded to a 16-row tile"},
-      {Kernel::unified_max, "unified_max", true, true, true, false, 1, false, false,
+      {Kernel::split_kv_even, "split_kv_even", true, true, false, false, 2, true, true, true,
+       "split_kv_mma with the keys of all kv groups dealt evenly to one block per SM, a block crossing groups"},
+      {Kernel::unified_max, "unified_max", true, true, true, false, 1, false, false, false,
        "split_kv_gqa with FlashDecoding++'s fixed phi instead of the running max, falling back when unsafe"},
-      {Kernel::paged, "paged", true, true, false, true, 1, false, false,
+      {Kernel::paged, "paged", true, true, false, true, 1, false, false, false,
        "split_kv_gqa reading K/V through a block table into a page pool"},
   };
   return list;
@@ -835,8 +907,11 @@ Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max
   });
   l.max_splits = kernel.splits ? fdec_model::max_splits(max_len) : 1;
   // The slots are the SMs, not SMs x resident blocks (README §4): a second block on an SM shares that SM's bandwidth.
+  // split_kv_even: splits counts its blocks, one per SM (README §4.5), or --splits of them; sweeps go to 2 per SM.
+  if (kernel.even) l.max_splits = std::min(2 * l.sms, kMaxEvenBlocks);
   if (!kernel.splits) l.splits = 1;
   else if (splits_override > 0) l.splits = splits_override;
+  else if (kernel.even) l.splits = std::min(l.sms, kMaxEvenBlocks);
   else l.splits = fdec_model::choose_splits(l.blocks_unsplit, max_len, l.sms);
   return l;
 }
@@ -847,8 +922,8 @@ size_t workspace_floats(const fa::Problem& p, int splits) {
 
 void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache, void* o,
              float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks) {
-  if (launch.splits < 1 || launch.splits > kMaxSplits)
-    throw fa::UsageError("splits must be in 1 .. " + std::to_string(kMaxSplits));
+  const int most = kernel.even ? kMaxEvenBlocks : kMaxSplits;
+  if (launch.splits < 1 || launch.splits > most) throw fa::UsageError("splits must be in 1 .. " + std::to_string(most));
   if (launch.splits > 1 && !workspace) throw std::invalid_argument("forward: splits > 1 needs workspace_floats() floats");
   if (kernel.paged) check_page_size(cache.page_size);
   const Rows rows = rows_of(p, kernel.packed);
@@ -880,6 +955,12 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
               p.lse_elems(),
               fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr};
     constexpr bool P = decltype(paged)::value, U = decltype(unified)::value, F = decltype(fused)::value;
+    if (kernel.even) {
+      a.done = merge_counters(size_t(p.batch) * p.kv_heads * launch.row_chunks);
+      even_kernel_ready<T, D>()<<<launch.splits, kThreads, Smem<D, kMaxRows, 2, true>::kBytes>>>(a, launch.row_chunks);
+      CHECK_LAUNCH();
+      return;
+    }
     auto fn = split_kernel_ready<T, D, R, P, U, St, F, M>();
     fn<<<grid, kThreads, Smem<D, R, St, M>::kBytes>>>(a);
     CHECK_LAUNCH();

@@ -21,7 +21,8 @@ namespace fdec {
 // The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
 // over this one list.
 enum class Kernel {
-  fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, unified_max, paged
+  fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, split_kv_even, unified_max,
+  paged
 };
 struct KernelInfo {
   Kernel id;
@@ -33,6 +34,7 @@ struct KernelInfo {
   int stages;    // K/V chunk buffers per warp: 2 = the next chunk is copied while this one is computed
   bool fused_merge;  // the last split block of a row chunk merges the partials: no merge kernel
   bool mma;          // S = Q K_j^T and P V_j on tensor cores (mma.sync), the block's rows padded to a 16-row tile
+  bool even;         // one block per SM, each taking an equal share of all the chunks (plan.hpp); splits = blocks
   const char* summary;
 };
 const std::vector<KernelInfo>& kernels();
@@ -55,7 +57,7 @@ void check_page_size(int page_size);
 
 // How a kernel will be launched for a problem: the split count (the heuristic's unless overridden) and the grid.
 struct Launch {
-  int splits = 1;
+  int splits = 1;                      // split_kv_even: its blocks (one per SM unless overridden; README §4.5)
   int row_bucket = 1, row_chunks = 1;  // rows per block (1, 4 or 16; always 16 on tensor cores), blocks per unit
   long long blocks_unsplit = 0;        // batch x units x row chunks
   int sms = 0, blocks_per_sm = 0;      // the device's SMs and how many of these blocks one SM holds

@@ -7,6 +7,7 @@
 //   ./flash_decoding --batch 8 --kv-len 32768 --ragged      lengths drawn uniformly from 0..N (entry 0 keeps N)
 //   ./flash_decoding --kernel split_kv_gqa --sweep-splits   every split count 1..max, the heuristic's marked
 //   ./flash_decoding --kv-heads 8 --kernel split_kv_fused,split_kv_mma   CUDA cores vs tensor cores, same run
+//   ./flash_decoding --kv-heads 8 --kv-len 32768 --kernel split_kv_mma,split_kv_even   the grid vs one block per SM
 //   ./flash_decoding --kernel unified_max --scale 30        large logits: the unified max falls back
 //   ./flash_decoding --q-len 4 --causal --dtype bf16        speculative decoding, bottom-right causal, bf16
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
@@ -258,7 +259,8 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
     if (opts.iters <= 0) return;
     // Not fa::time_kernel: FLOPs count the visible keys of each entry, and GB/s the K/V bytes alone.
     fa::ResultRow r = fa::result_row("06", label, "fwd", p);
-    r.dtype = fa::dtype_name(s.t), r.model_hbm_bytes = fdec_model::model_hbm_bytes(p, s.lens, elem, k.packed, l.splits);
+    r.dtype = fa::dtype_name(s.t), r.model_hbm_bytes = k.even ? fdec_model::model_hbm_bytes_even(p, s.lens, elem, l.splits)
+                                                    : fdec_model::model_hbm_bytes(p, s.lens, elem, k.packed, l.splits);
     r.extra_bytes = double(fdec::workspace_floats(p, l.splits)) * 4, r.max_abs_err = c.o.max_abs;
     r.ms = fa::time_ms(step, opts.warmup, opts.iters);
     r.tflops = fa::tflops(flops, r.ms), r.gbps = fa::gbps(kv, r.ms);
@@ -267,9 +269,14 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
 
   for (const fdec::KernelInfo* k : s.kernels) {
     const fdec::Launch l = fdec::plan(*k, p, s.t, max_len, f.splits);
-    std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d split(s) of %d keys%s\n", k->name,
-                l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits, fdec::split_len(max_len, l.splits),
-                f.splits ? " (--splits)" : k->splits ? " (heuristic)" : "");
+    if (k->even)
+      std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d blocks%s, the chunks of all of them "
+                  "dealt evenly\n", k->name, l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits,
+                  f.splits ? " (--splits)" : " (one per SM)");
+    else
+      std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d split(s) of %d keys%s\n", k->name,
+                  l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits, fdec::split_len(max_len, l.splits),
+                  f.splits ? " (--splits)" : k->splits ? " (heuristic)" : "");
     run_one(*k, l, k->name);
     if (f.sweep_splits && k->splits)
       for (int sp = 1; sp <= l.max_splits; ++sp) {
@@ -297,11 +304,11 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
 }
 
 // Device bytes: Q, O (16-bit), LSE, the 16-bit K and V cache (twice for the paged kernel's copy), the split
-// workspace at the largest split count.
+// workspace at the largest split (or split_kv_even block) count.
 double device_bytes(const fa::Problem& p, const Setup& s) {
   const bool paged = std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->paged; });
   return 2.0 * 2 * p.q_elems() + 4.0 * p.lse_elems() + 2.0 * 2 * p.kv_elems() * (paged ? 2 : 1) +
-         4.0 * double(fdec::workspace_floats(p, fdec::kMaxSplits));
+         4.0 * double(fdec::workspace_floats(p, std::max(fdec::kMaxSplits, fdec::kMaxEvenBlocks)));
 }
 
 }  // namespace
@@ -317,11 +324,12 @@ int main(int argc, char** argv) try {
               defaults);
   cli.add_option("--kernel", &f.kernel,
                  "kernels to run: fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, "
-                 "unified_max, paged, a comma-separated list, or all");
+                 "split_kv_even, unified_max, paged, a comma-separated list, or all");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16 (Q, K, V, O; LSE is fp32)");
   cli.add_option("--kv-lens", &f.kv_lens, "context length of each batch entry, e.g. 4096,17,0,1 (default: all --kv-len)");
   cli.add_flag("--ragged", &f.ragged, "draw each entry's context length uniformly from 0..kv-len (entry 0 keeps kv-len)");
-  cli.add_option("--splits", &f.splits, "split count (0: the heuristic)", 0, true);
+  cli.add_option("--splits", &f.splits, "split count (0: the heuristic); for split_kv_even its block count (0: one per SM)",
+                 0, true);
   cli.add_flag("--sweep-splits", &f.sweep_splits, "also run every split count 1..max (each checked; * marks the heuristic's)");
   cli.add_option("--phi", &f.phi, "the unified max phi of the unified_max kernel");
   cli.add_option("--page-size", &f.page_size, "keys per page of the paged kernel (16, 32, 64, 128, 256)", 1);

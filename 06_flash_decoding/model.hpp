@@ -59,16 +59,16 @@ struct Softmax {
 // P rounded to the dtype before P V_j (its mma operand); l sums the unrounded P, as the kernel does.
 enum class Products { cuda_cores, tensor_cores };
 
-// One block of the split kernel: rows [r0, r0 + nrows) of unit u of batch entry b, keys of split s. Returns one
-// Partial per row and sets *tripped when the unified max had to fall back to the running max.
+// One block of the split kernel: rows [r0, r0 + nrows) of unit u of batch entry b, over `keys` (split s's range,
+// or a piece of split_kv_even). Returns one Partial per row and sets *tripped when the unified max had to fall
+// back to the running max.
 inline std::vector<Partial> split_block(const fa::Problem& p, const std::vector<int>& lens, const float* q,
                                         const float* k, const float* v, fdec::Rows R, int b, int u, int r0,
-                                        int nrows, int splits, int s, Softmax sm, bool* tripped, fa::Dtype t,
+                                        int nrows, KeyRange keys, Softmax sm, bool* tripped, fa::Dtype t,
                                         Products products) {
   const bool tc = products == Products::tensor_cores;
   const int d = p.head_dim, n_b = lens[b];
   const fa::Problem pb = fdec::seen_by(p, n_b);
-  const KeyRange keys = fdec::split_range(n_b, splits, s);
   const int hk = p.kv_head_of(R.head(u, r0));
   const float* K = k + p.kv_offset(b, hk);
   const float* V = v + p.kv_offset(b, hk);
@@ -176,7 +176,8 @@ inline Result forward(fa::Dtype t, const fa::Problem& p, const std::vector<int>&
         for (int s = 0; s < splits; ++s) {
           bool tripped = false;
           const auto parts =
-              split_block(p, lens, q.data(), k.data(), v.data(), R, b, u, r0, nrows, splits, s, sm, &tripped, t, products);
+              split_block(p, lens, q.data(), k.data(), v.data(), R, b, u, r0, nrows, fdec::split_range(lens[b], splits, s),
+                          sm, &tripped, t, products);
           res.fallbacks += tripped, res.blocks += 1;
           for (int r = 0; r < nrows; ++r) per_row[r].push_back(parts[r]);
         }
@@ -187,6 +188,52 @@ inline Result forward(fa::Dtype t, const fa::Problem& p, const std::vector<int>&
           res.lse[p.lse_offset(b, h) + i] = m.lse;
         }
       }
+  return res;
+}
+
+// split_kv_even (README §4.5) on `blocks` blocks: every block's share walked piece by piece as the kernel walks it
+// (plan.hpp's EvenWalk), each piece a split_kv_mma block over its keys, and each tile's pieces merged in order.
+// pieces, if given, receives every piece of every block in launch order (the CPU tests check the decomposition).
+inline Result forward_even(fa::Dtype t, const fa::Problem& p, const std::vector<int>& lens, const std::vector<float>& q,
+                           const std::vector<float>& k, const std::vector<float>& v, int blocks,
+                           std::vector<fdec::Piece>* pieces = nullptr) {
+  const fdec::Rows R = fdec::rows_of(p, true);
+  const int d = p.head_dim, rows = R.per_unit(), chunks = fdec::row_chunks(rows);
+  fdec::EvenWalk walk;
+  walk.lens = lens.data(), walk.batch = p.batch, walk.tiles_per_entry = p.kv_heads * chunks;
+  walk.T = fdec::even_total(lens.data(), p.batch, walk.tiles_per_entry);
+  walk.C = int(std::min<long long>(blocks, walk.T));
+  // per (entry, tile): per row, the partials in piece order
+  std::vector<std::vector<std::vector<Partial>>> parts(size_t(p.batch) * walk.tiles_per_entry);
+  Result res;
+  res.o.assign(p.q_elems(), 0.f), res.lse.assign(p.lse_elems(), 0.f);
+  for (int blk = 0; blk < walk.C; ++blk) {
+    const long long x1 = fdec::even_begin(blk + 1, walk.T, walk.C);
+    for (long long x = fdec::even_begin(blk, walk.T, walk.C); x < x1;) {
+      const fdec::Piece pc = walk.piece(blk, x, x1);
+      x = pc.next;
+      if (pieces) pieces->push_back(pc);
+      const int u = pc.tile / chunks, r0 = (pc.tile % chunks) * fdec::kMaxRows, nrows = std::min(fdec::kMaxRows, rows - r0);
+      bool tripped = false;
+      const auto out = split_block(p, lens, q.data(), k.data(), v.data(), R, pc.b, u, r0, nrows, pc.keys, Softmax{},
+                                   &tripped, t, Products::tensor_cores);
+      auto& tile = parts[size_t(pc.b) * walk.tiles_per_entry + pc.tile];
+      tile.resize(nrows);
+      for (int r = 0; r < nrows; ++r) tile[r].push_back(out[r]);
+      res.blocks += 1;
+    }
+  }
+  for (int b = 0; b < p.batch; ++b)
+    for (int tile = 0; tile < walk.tiles_per_entry; ++tile) {
+      const int u = tile / chunks, r0 = (tile % chunks) * fdec::kMaxRows;
+      const auto& per_row = parts[size_t(b) * walk.tiles_per_entry + tile];
+      for (int r = 0; r < int(per_row.size()); ++r) {
+        const int h = R.head(u, r0 + r), i = R.query(r0 + r);
+        const Partial m = merge(per_row[r], d);
+        for (int c = 0; c < d; ++c) res.o[p.q_offset(b, h) + size_t(i) * d + c] = fa::round_to(t, m.o[c]);
+        res.lse[p.lse_offset(b, h) + i] = m.lse;
+      }
+    }
   return res;
 }
 
@@ -273,6 +320,27 @@ inline double model_hbm_bytes(const fa::Problem& p, const std::vector<int>& lens
   const double rows = double(p.lse_elems());
   double bytes = kv_bytes(p, lens, elem) * reads_per_kv_head + rows * p.head_dim * elem * 2 + rows * 4;
   if (splits > 1) bytes += 2.0 * splits * rows * (p.head_dim + 1) * 4;
+  return bytes;
+}
+
+// split_kv_even on `blocks` blocks: as the packed kernels with one split, plus, for every piece of a tile cut in
+// more than one, its partial (O_s and LSE_s of each row) written and read back by the merge.
+inline double model_hbm_bytes_even(const fa::Problem& p, const std::vector<int>& lens, int elem, int blocks) {
+  const int rows = fdec::rows_of(p, true).per_unit(), chunks = fdec::row_chunks(rows);
+  fdec::EvenWalk walk;
+  walk.lens = lens.data(), walk.batch = p.batch, walk.tiles_per_entry = p.kv_heads * chunks;
+  walk.T = fdec::even_total(lens.data(), p.batch, walk.tiles_per_entry);
+  walk.C = int(std::min<long long>(blocks, walk.T));
+  double bytes = model_hbm_bytes(p, lens, elem, true, 1);
+  for (int k = 0; k < walk.C; ++k) {
+    const long long x1 = fdec::even_begin(k + 1, walk.T, walk.C);
+    for (long long x = fdec::even_begin(k, walk.T, walk.C); x < x1;) {
+      const fdec::Piece pc = walk.piece(k, x, x1);
+      x = pc.next;
+      const int r0 = (pc.tile % chunks) * fdec::kMaxRows;
+      if (pc.parts > 1) bytes += 2.0 * std::min(fdec::kMaxRows, rows - r0) * (p.head_dim + 1) * 4;
+    }
+  }
   return bytes;
 }
 

@@ -20,6 +20,7 @@ constexpr int kKeysPerWarp = 32;   // one key per lane per step: a warp's chunk 
 constexpr int kMaxRows = 16;       // query rows one block keeps (the largest row bucket below)
 constexpr int kMaxQLen = 8;        // decoding: 1 token, or a few for speculative decoding
 constexpr int kMaxSplits = 128;    // upper bound of the split count (and of --splits)
+constexpr int kMaxEvenBlocks = 256;  // split_kv_even: upper bound of its blocks, and so of a tile's pieces
 constexpr int kMinSplitKeys = 256; // the heuristic gives each split at least this many keys (see README)
 
 // The problem batch entry b sees: the same shape with kv_len = n_b, so Problem's own causal test
@@ -60,6 +61,59 @@ FA_HD KeyRange split_range(int n, int splits, int s) {
   const long long b = (long long)s * len, e = b + len;
   return KeyRange{int(b < n ? b : n), int(e < n ? e : n)};
 }
+
+// ---- the even decomposition (split_kv_even, README §4.5) ----
+// A tile is one block of the unsplit grid: (batch entry b, unit u, row chunk c), numbered t = u * row_chunks + c
+// inside its entry. Number the 32-key chunks of every tile end to end, entry by entry and tile by tile: T chunks in
+// all. Block k of C takes chunks [k T / C, (k + 1) T / C), so the shares differ by at most one chunk, whatever the
+// lengths. A share that crosses a tile's end goes on into the next tile: each (block, tile) overlap is a *piece*,
+// and a tile's pieces are merged like the splits' partials. A tile of an empty entry (n_b = 0) still counts one
+// chunk, so that a block writes its O = 0 and LSE = -inf.
+FA_HD int tile_chunks(int n) { return n > 0 ? (n + kKeysPerWarp - 1) / kKeysPerWarp : 1; }
+FA_HD long long even_total(const int* lens, int batch, int tiles_per_entry) {
+  long long T = 0;
+  for (int b = 0; b < batch; ++b) T += (long long)tiles_per_entry * tile_chunks(lens[b]);
+  return T;
+}
+// Block k's first chunk; the block that takes chunk x is the last block whose share begins at or before x. With
+// T >= C (the kernel uses C = min(blocks launched, T)) no share is empty.
+FA_HD long long even_begin(int k, long long T, int C) { return (long long)k * T / C; }
+FA_HD int even_block_of(long long x, long long T, int C) { return int(((x + 1) * C - 1) / T); }
+
+struct Piece {
+  int b, tile;      // batch entry, and tile inside it
+  KeyRange keys;    // the piece's keys (begin a multiple of 32: a whole number of warp chunks precedes it)
+  int part, parts;  // this piece's index among its tile's pieces, and how many the tile has
+  long long next;   // the chunk after the piece
+};
+// Walks one block's share piece by piece, keeping the entry it is in (the entries before it are never re-read).
+struct EvenWalk {
+  const int* lens;
+  int batch, tiles_per_entry, C;
+  long long T;
+  int b = 0;
+  long long entry_begin = 0;  // first chunk of entry b
+  // The piece of block k that starts at chunk x (x < k's share end, x1).
+  FA_HD Piece piece(int k, long long x, long long x1) {
+    while (x >= entry_begin + (long long)tiles_per_entry * tile_chunks(lens[b])) {
+      entry_begin += (long long)tiles_per_entry * tile_chunks(lens[b]);
+      ++b;
+    }
+    const int n = lens[b], per_tile = tile_chunks(n);
+    const int tile = int((x - entry_begin) / per_tile);
+    const long long tile_begin = entry_begin + (long long)tile * per_tile, tile_end = tile_begin + per_tile;
+    const long long end = x1 < tile_end ? x1 : tile_end;
+    const int first = even_block_of(tile_begin, T, C);
+    Piece pc;
+    pc.b = b, pc.tile = tile;
+    const long long kb = (x - tile_begin) * kKeysPerWarp, ke = (end - tile_begin) * kKeysPerWarp;
+    pc.keys = KeyRange{int(kb < n ? kb : n), int(ke < n ? ke : n)};
+    pc.part = k - first;
+    pc.parts = even_block_of(tile_end - 1, T, C) - first + 1;
+    pc.next = end;
+    return pc;
+  }
+};
 
 // FlashDecoding++'s unified max: a split computes exp(s - phi) with a fixed phi instead of its running max. Safe
 // while every score of the split lies within [phi - kUnderflow, phi + kOverflow] *at its maximum* (README §5):

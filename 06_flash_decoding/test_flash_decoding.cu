@@ -4,7 +4,8 @@
 // are NaN-poisoned before every run. Shapes: ragged lengths with 0 and 1, GQA 32/8 and MQA 32/1, causal q_len 4,
 // every split count 1..max, large logits that make the unified max fall back, page sizes 16..256, fp16 and bf16;
 // the double-buffered and fused-merge kernels bit for bit against the single-buffered one; the tensor-core kernel
-// against the fused one within the chapter's bound, for every row count it pads (1 to 16 rows, and 32, 64 as chunks).
+// against the fused one within the chapter's bound, for every row count it pads (1 to 16 rows, and 32, 64 as chunks);
+// the evenly dealt kernel against the tensor-core one within the same bound, for block counts 1 to 256.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -220,5 +221,39 @@ TEST_CASE("06 gpu: split_kv_mma = split_kv_fused within the bound, for every row
           CHECK_MESSAGE(el.ok(), el.summary("split_kv_mma LSE vs split_kv_fused"));
         }
       }
+    }
+}
+
+TEST_CASE("06 gpu: split_kv_even = split_kv_mma within the bound, for any block count, pieces crossing tiles") {
+  // The same block body (attend_mma, lines 11-13) over other key ranges: a block's share may end one tile and start
+  // the next, and a tile is merged from however many pieces it was cut into. So O may differ from split_kv_mma's by
+  // the rounding of another split of the keys: the chapter's bound, as split_kv_mma against split_kv_fused. Block
+  // counts 1 (one block walks everything; every tile written directly), 3 and 7 (pieces crossing tiles and entries),
+  // the default (one per SM), 256 (more blocks than chunks for the short entries: the idle blocks exit); twice each,
+  // as the merge counters must be back at zero.
+  struct Shape {
+    Problem p;
+    std::vector<int> lens;
+  };
+  const std::vector<Shape> shapes = {{make(4, 4, 4, 1, 1000, 64, false), {1000, 0, 1, 97}},
+                                     {make(2, 32, 8, 1, 777, 128, false), {777, 200}},
+                                     {make(2, 16, 1, 1, 520, 128, false), {5, 520}},
+                                     {make(3, 8, 2, 4, 300, 128, true), {300, 3, 0}},
+                                     {make(2, 8, 1, 8, 257, 64, true), {257, 8}},
+                                     {make(2, 8, 2, 1, 600, 128, false, 30.f), {600, 45}}};
+  for (Dtype t : {Dtype::fp16, Dtype::bf16})
+    for (const Shape& sh : shapes) {
+      Fixture f(t, sh.p, sh.lens);
+      const Fixture::Out mma = f.run(fdec::kernel_named("split_kv_mma"), 0);
+      for (int blocks : {0, 1, 3, 7, 256})
+        for (int again = 0; again < 2; ++again) {
+          INFO(dtype_name(t), " ", describe(sh.p), " blocks ", blocks);
+          const Fixture::Out r = f.run(fdec::kernel_named("split_kv_even"), blocks);
+          f.expect_right(r, "split_kv_even");
+          const ErrorReport eo = compare(r.o, to_double(mma.o), {f.bound, 0});
+          const ErrorReport el = compare(r.lse, to_double(mma.lse), kTolFp32Forward);
+          CHECK_MESSAGE(eo.ok(), eo.summary("split_kv_even O vs split_kv_mma"));
+          CHECK_MESSAGE(el.ok(), el.summary("split_kv_even LSE vs split_kv_mma"));
+        }
     }
 }

@@ -220,6 +220,11 @@ TEST_CASE("06 model: bytes read per decode step") {
   CHECK(model_hbm_bytes(p, lens, 2, false, 1) == doctest::Approx(4 * kv_bytes(p, lens, 2) + io));  // group 4
   CHECK(model_hbm_bytes(p, lens, 2, true, 8) ==
         doctest::Approx(kv_bytes(p, lens, 2) + io + 2.0 * 8 * p.lse_elems() * 129 * 4));
+  // split_kv_even: one block writes every tile directly; with a block per chunk (T = 8 x 128 + 8 x 4) every chunk
+  // of a 4-row tile is a piece with a partial to write and read back.
+  CHECK(model_hbm_bytes_even(p, lens, 2, 1) == doctest::Approx(model_hbm_bytes(p, lens, 2, true, 1)));
+  CHECK(model_hbm_bytes_even(p, lens, 2, 1056) ==
+        doctest::Approx(model_hbm_bytes(p, lens, 2, true, 1) + 2.0 * (8 * 128 + 8 * 4) * 4 * 129 * 4));
   // MQA 32/1 with q_len 1: 32 rows per kv head = two 16-row chunks, K/V read twice.
   const fa::Problem mqa = make(1, 32, 1, 1, 4096, 128, false);
   CHECK(model_hbm_bytes(mqa, {4096}, 2, true, 1) ==
@@ -290,6 +295,94 @@ TEST_CASE("06 model: tensor-core products (split_kv_mma) meet the 2x rule: P rou
             fa::lowp_error_bound(t, fa::compare(plain(t, c.p, c.lens, c.q, c.k, c.v), ro, {1e30, 0}).max_abs);
         CHECK(fa::compare(r.o, fa::to_double(cc.o), {bound, 0}).ok());
         CHECK(fa::compare(r.lse, fa::to_double(cc.lse), fa::kTolFp32Forward).ok());
+      }
+    }
+}
+
+TEST_CASE("06 model: the even decomposition (split_kv_even) covers every chunk once, in near-equal shares") {
+  struct Shape {
+    std::vector<int> lens;
+    int tiles_per_entry;
+  };
+  const std::vector<Shape> shapes = {{{32768}, 8},                     // B = 1, GQA 32/8: 8 tiles
+                                     {{131072, 131072}, 32},          // MHA, B = 2
+                                     {{4096, 0, 1, 97, 1000}, 3},     // ragged, an empty entry, tails
+                                     {{5, 17, 33}, 1},                // fewer chunks than blocks
+                                     {{0, 0}, 2}};                    // nothing but empty tiles
+  for (const Shape& sh : shapes)
+    for (int C : {1, 2, 3, 7, 128, 132, 256}) {
+      const int B = int(sh.lens.size());
+      INFO("lens ", sh.lens.size(), " tiles/entry ", sh.tiles_per_entry, " C ", C);
+      fdec::EvenWalk walk;
+      walk.lens = sh.lens.data(), walk.batch = B, walk.tiles_per_entry = sh.tiles_per_entry;
+      walk.T = fdec::even_total(sh.lens.data(), B, sh.tiles_per_entry);
+      walk.C = int(std::min<long long>(C, walk.T));
+      // per (entry, tile): the pieces' keys in part order, the parts they claim, the blocks they come from
+      std::vector<std::vector<std::pair<int, fdec::KeyRange>>> seen(size_t(B) * sh.tiles_per_entry);
+      std::vector<int> claimed(seen.size(), 0);
+      long long least = walk.T, most = 0;
+      for (int k = 0; k < walk.C; ++k) {
+        const long long x0 = fdec::even_begin(k, walk.T, walk.C), x1 = fdec::even_begin(k + 1, walk.T, walk.C);
+        least = std::min(least, x1 - x0), most = std::max(most, x1 - x0);
+        for (long long x = x0; x < x1;) {
+          const fdec::Piece pc = walk.piece(k, x, x1);
+          CHECK(pc.next > x);
+          CHECK(pc.next <= x1);
+          CHECK(pc.keys.begin % fdec::kKeysPerWarp == 0);
+          CHECK(fdec::even_block_of(x, walk.T, walk.C) == k);
+          const size_t id = size_t(pc.b) * sh.tiles_per_entry + pc.tile;
+          CHECK(pc.parts <= walk.C);
+          if (claimed[id]) CHECK(pc.parts == claimed[id]);
+          claimed[id] = pc.parts;
+          CHECK(pc.part == int(seen[id].size()));  // a tile's pieces come from consecutive blocks, in order
+          seen[id].push_back({k, pc.keys});
+          x = pc.next;
+        }
+      }
+      CHECK(least >= 1);
+      CHECK(most - least <= 1);  // the shares differ by at most one chunk
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < sh.tiles_per_entry; ++t) {
+          const auto& ps = seen[size_t(b) * sh.tiles_per_entry + t];
+          REQUIRE(!ps.empty());  // every tile is visited, an empty entry's too (it writes O = 0, LSE = -inf)
+          CHECK(int(ps.size()) == claimed[size_t(b) * sh.tiles_per_entry + t]);
+          int next = 0;
+          for (size_t i = 0; i < ps.size(); ++i) {
+            CHECK(ps[i].second.begin == next);  // the keys 0 .. n_b, each once, in order
+            if (i) CHECK(ps[i].first == ps[i - 1].first + 1);
+            next = ps[i].second.end;
+          }
+          CHECK(next == sh.lens[b]);
+        }
+    }
+}
+
+TEST_CASE("06 model: split_kv_even meets the 2x rule and agrees with split_kv_mma, whatever the block count") {
+  struct Shape {
+    fa::Problem p;
+    std::vector<int> lens;
+  };
+  const std::vector<Shape> shapes = {
+      {make(4, 4, 4, 1, 203, 64, false), {203, 0, 1, 97}},  // MHA, ragged with an empty entry
+      {make(2, 8, 2, 1, 300, 128, false), {300, 33}},       // GQA 4 rows
+      {make(2, 8, 1, 4, 113, 64, true), {113, 5}},          // MQA q_len 4: two row chunks per unit, causal
+      {make(2, 4, 2, 1, 500, 64, false, 30.f), {500, 77}},  // large logits
+  };
+  for (fa::Dtype t : {fa::Dtype::fp16, fa::Dtype::bf16})
+    for (const Shape& sh : shapes) {
+      const Case c = inputs(t, sh.p, sh.lens);
+      std::vector<double> ro, rl;
+      reference(c.p, c.lens, c.q, c.k, c.v, ro, rl);
+      const double bound = fa::lowp_error_bound(t, fa::compare(plain(t, c.p, c.lens, c.q, c.k, c.v), ro, {1e30, 0}).max_abs);
+      const Result mma = forward(t, c.p, c.lens, c.q, c.k, c.v, true, 3, Softmax{}, Products::tensor_cores);
+      for (int blocks : {1, 3, 5, 132}) {
+        INFO(fa::dtype_name(t), " B=", sh.p.batch, " H=", sh.p.heads, "/", sh.p.kv_heads, " blocks=", blocks);
+        std::vector<fdec::Piece> pieces;
+        const Result r = forward_even(t, c.p, c.lens, c.q, c.k, c.v, blocks, &pieces);
+        expect_matches(t, c, r);
+        CHECK(fa::compare(r.o, fa::to_double(mma.o), {bound, 0}).ok());
+        CHECK(fa::compare(r.lse, fa::to_double(mma.lse), fa::kTolFp32Forward).ok());
+        if (blocks == 3) CHECK(std::any_of(pieces.begin(), pieces.end(), [](auto& pc) { return pc.parts > 1; }));
       }
     }
 }

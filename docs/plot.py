@@ -90,6 +90,7 @@ LABELS = {
     ("06", "split_kv_pipelined"): "06 split-KV, GQA packed, double-buffered K/V",
     ("06", "split_kv_fused"): "06 split-KV, double-buffered, merge in the split kernel",
     ("06", "split_kv_mma"): "06 split-KV, fused merge, S and PV on tensor cores",
+    ("06", "split_kv_even"): "06 split_kv_mma, keys dealt evenly to one block per SM",
     ("06", "unified_max"): "06 unified max (FlashDecoding++)",
     ("06", "paged"): "06 paged KV cache",
     ("torch", "sdpa"): "PyTorch SDPA (backend it picks)",
@@ -562,7 +563,7 @@ def decode_06(rows, gpu, path_n, path_splits):
         counts = {p[0] for pts in groups.values() for p in pts}  # label powers of 2 and the heuristic's choices
         pow2_ticks(ax, {c for c in counts if c & (c - 1) == 0} | {p[0] for pts in groups.values() for p in pts if p[2]})
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("number of KV splits (log scale)")
+        ax.set_xlabel("number of KV splits; split_kv_even: number of blocks (log scale)")
         ax.set_ylabel("GB/s (K and V bytes read / time)")
         ax.set_title(f"06 decoding against the split count, on {gpu}", fontsize=10)
         ax.grid(True, alpha=0.3)

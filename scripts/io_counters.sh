@@ -60,14 +60,15 @@ MEASURE=(
   "04|04|fa2_atomic_dq|bwd|forward_kernel [rowsum_do_o_kernel backward_kv_kernel] rowsum_do_o_kernel backward_kv_kernel backward_dq_kernel"
   "04|04|fa2_determ_dq|bwd|forward_kernel rowsum_do_o_kernel backward_kv_kernel [rowsum_do_o_kernel backward_kv_kernel backward_dq_kernel]"
   "05|05|v7_tiles|fwd|forward_kernel [kernel]"
-  "06|06|fa2_grid|fwd|[split_kernel] split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel split_kernel merge_kernel split_kernel merge_kernel"
-  "06|06|split_kv|fwd|split_kernel [split_kernel merge_kernel] split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel split_kernel merge_kernel split_kernel merge_kernel"
-  "06|06|split_kv_gqa|fwd|split_kernel split_kernel merge_kernel [split_kernel merge_kernel] split_kernel merge_kernel split_kernel split_kernel split_kernel merge_kernel split_kernel merge_kernel"
-  "06|06|split_kv_pipelined|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel [split_kernel merge_kernel] split_kernel split_kernel split_kernel merge_kernel split_kernel merge_kernel"
-  "06|06|split_kv_fused|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel [split_kernel] split_kernel split_kernel merge_kernel split_kernel merge_kernel"
-  "06|06|split_kv_mma|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel [split_kernel] split_kernel merge_kernel split_kernel merge_kernel"
-  "06|06|unified_max|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel [split_kernel merge_kernel] split_kernel merge_kernel"
-  "06|06|paged|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel split_kernel merge_kernel [split_kernel merge_kernel]"
+  "06|06|fa2_grid|fwd|[split_kernel] split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel even_kernel split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|split_kv|fwd|split_kernel [split_kernel merge_kernel] split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel even_kernel split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|split_kv_gqa|fwd|split_kernel split_kernel merge_kernel [split_kernel merge_kernel] split_kernel merge_kernel split_kernel split_kernel even_kernel split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|split_kv_pipelined|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel [split_kernel merge_kernel] split_kernel split_kernel even_kernel split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|split_kv_fused|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel [split_kernel] split_kernel even_kernel split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|split_kv_mma|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel [split_kernel] even_kernel split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|split_kv_even|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel [even_kernel] split_kernel merge_kernel split_kernel merge_kernel"
+  "06|06|unified_max|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel even_kernel [split_kernel merge_kernel] split_kernel merge_kernel"
+  "06|06|paged|fwd|split_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel merge_kernel split_kernel split_kernel even_kernel split_kernel merge_kernel [split_kernel merge_kernel]"
 )
 
 # Values in bytes where this ncu can say so (older ones scale to Kbyte, Mbyte, ...: the units row says which).

@@ -140,8 +140,8 @@ for d in 64 128; do
   done
 done
 # 06: decoding, fp16, d = 128, H = 32: every kernel and the read_kv ceiling at B in {1, 8}, Hkv in {32, 8},
-# N in {4k, 32k, 128k}; the split-count sweeps of split_kv_gqa, split_kv_fused and split_kv_mma (every count
-# checked, the heuristic's marked *); the unified max with large logits (every split falls back: the cost of the
+# N in {4k, 32k, 128k}; the split-count sweeps of split_kv_gqa, split_kv_fused and split_kv_mma and the block-count
+# sweep of split_kv_even (every count checked, the heuristic's marked *); the unified max with large logits (every split falls back: the cost of the
 # fallback); PyTorch SDPA flash and cuDNN at q_len 1
 for b in 1 8; do
   for hkv in 32 8; do
@@ -153,7 +153,8 @@ for b in 1 8; do
     done
   done
 done
-for kernel in split_kv_gqa split_kv_fused split_kv_mma; do  # the ladder's last steps against the step they start from
+for kernel in split_kv_gqa split_kv_fused split_kv_mma split_kv_even; do  # the ladder's last steps against the step
+  # they start from; split_kv_even's sweep is over its block count (README §4.5)
   add 06 "$B/06_flash_decoding/flash_decoding --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 --kernel $kernel --sweep-splits --iters 10 --warmup 1"
 done
 add 06 "$B/06_flash_decoding/flash_decoding --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 --kernel unified_max --scale 30 --iters 10 --warmup 1"
