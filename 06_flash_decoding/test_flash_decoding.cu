@@ -104,6 +104,25 @@ void every_kernel(Dtype t, const Problem& p, const std::vector<int>& lens) {
   }
 }
 
+// The tensor-core kernels' shapes: rows per block 1 (MHA), 4 (GQA 4), 8, 16 (MQA 16/1 and GQA 4 at q_len 4, causal),
+// 32 (MQA 32/1: two row chunks), 64 (GQA 8 at q_len 8, causal: four row chunks); ragged lengths with 0, 1 and
+// tails; large logits.
+struct Shape {
+  Problem p;
+  std::vector<int> lens;
+};
+const std::vector<Shape>& tensor_core_shapes() {
+  static const std::vector<Shape> shapes = {{make(4, 4, 4, 1, 1000, 64, false), {1000, 0, 1, 97}},
+                                            {make(2, 32, 8, 1, 777, 128, false), {777, 200}},
+                                            {make(2, 16, 2, 1, 300, 64, false), {31, 300}},
+                                            {make(2, 16, 1, 1, 520, 128, false), {5, 520}},
+                                            {make(2, 32, 1, 1, 400, 64, false), {400, 33}},
+                                            {make(3, 8, 2, 4, 300, 128, true), {300, 3, 0}},
+                                            {make(2, 8, 1, 8, 257, 64, true), {257, 8}},
+                                            {make(2, 8, 2, 1, 600, 128, false, 30.f), {600, 45}}};
+  return shapes;
+}
+
 }  // namespace
 
 TEST_CASE("06 gpu: every kernel, ragged lengths with 0 and 1, MHA, q_len 1, vs fp64 and 04") {
@@ -194,20 +213,8 @@ TEST_CASE("06 gpu: split_kv_mma = split_kv_fused within the bound, for every row
   // summed in another order: chapter 04's fp32 tolerance. Rows per block: 1 (MHA), 4 (GQA 4), 8, 16 (MQA 16/1 and
   // GQA 4 at q_len 4, causal), 32 (MQA 32/1: two row chunks), 64 (GQA 8 at q_len 8, causal: four row chunks); ragged
   // lengths with 0, 1 and tails; splits 1 (O written directly), 3, 7 and the heuristic's; large logits.
-  struct Shape {
-    Problem p;
-    std::vector<int> lens;
-  };
-  const std::vector<Shape> shapes = {{make(4, 4, 4, 1, 1000, 64, false), {1000, 0, 1, 97}},
-                                     {make(2, 32, 8, 1, 777, 128, false), {777, 200}},
-                                     {make(2, 16, 2, 1, 300, 64, false), {31, 300}},
-                                     {make(2, 16, 1, 1, 520, 128, false), {5, 520}},
-                                     {make(2, 32, 1, 1, 400, 64, false), {400, 33}},
-                                     {make(3, 8, 2, 4, 300, 128, true), {300, 3, 0}},
-                                     {make(2, 8, 1, 8, 257, 64, true), {257, 8}},
-                                     {make(2, 8, 2, 1, 600, 128, false, 30.f), {600, 45}}};
   for (Dtype t : {Dtype::fp16, Dtype::bf16})
-    for (const Shape& sh : shapes) {
+    for (const Shape& sh : tensor_core_shapes()) {
       Fixture f(t, sh.p, sh.lens);
       for (int s : {0, 1, 3, 7}) {
         INFO(dtype_name(t), " ", describe(sh.p), " splits ", s);
@@ -231,18 +238,8 @@ TEST_CASE("06 gpu: split_kv_even = split_kv_mma within the bound, for any block 
   // counts 1 (one block walks everything; every tile written directly), 3 and 7 (pieces crossing tiles and entries),
   // the default (one per SM), 256 (more blocks than chunks for the short entries: the idle blocks exit); twice each,
   // as the merge counters must be back at zero.
-  struct Shape {
-    Problem p;
-    std::vector<int> lens;
-  };
-  const std::vector<Shape> shapes = {{make(4, 4, 4, 1, 1000, 64, false), {1000, 0, 1, 97}},
-                                     {make(2, 32, 8, 1, 777, 128, false), {777, 200}},
-                                     {make(2, 16, 1, 1, 520, 128, false), {5, 520}},
-                                     {make(3, 8, 2, 4, 300, 128, true), {300, 3, 0}},
-                                     {make(2, 8, 1, 8, 257, 64, true), {257, 8}},
-                                     {make(2, 8, 2, 1, 600, 128, false, 30.f), {600, 45}}};
   for (Dtype t : {Dtype::fp16, Dtype::bf16})
-    for (const Shape& sh : shapes) {
+    for (const Shape& sh : tensor_core_shapes()) {
       Fixture f(t, sh.p, sh.lens);
       const Fixture::Out mma = f.run(fdec::kernel_named("split_kv_mma"), 0);
       for (int blocks : {0, 1, 3, 7, 256})

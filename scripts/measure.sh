@@ -10,8 +10,8 @@
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
-# All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, 05bwd 6.5 with six steps and
-# one at every N, 06 about 2; estimated: 05bwd about 9 with steps 6 and 7 at every N, 05fwd a few).
+# All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, 06 and 05bwd together 11.5, of
+# which 05bwd about 9 with steps 6 and 7 at every N; estimated: 05fwd a few).
 set -uo pipefail
 usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=00,01,02,03,04,05,05bwd,06
