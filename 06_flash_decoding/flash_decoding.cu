@@ -696,10 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1) even_kernel(Args<T> a, int row_ch
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   float* fin = reinterpret_cast<float*>(smem + L::kKV + L::kQ + L::kP);
-  EvenWalk walk;
-  walk.lens = a.kv_lens, walk.batch = a.p.batch, walk.tiles_per_entry = a.p.kv_heads * row_chunks;
-  walk.T = even_total(a.kv_lens, a.p.batch, walk.tiles_per_entry);
-  walk.C = int(min((long long)gridDim.x, walk.T));
+  EvenWalk walk = even_walk(a.kv_lens, a.p.batch, a.p.kv_heads * row_chunks, gridDim.x);
   const int k = blockIdx.x;
   if (k >= walk.C) return;
   const long long x1 = even_begin(k + 1, walk.T, walk.C);

@@ -191,42 +191,47 @@ inline Result forward(fa::Dtype t, const fa::Problem& p, const std::vector<int>&
   return res;
 }
 
-// split_kv_even (README §4.5) on `blocks` blocks: every block's share walked piece by piece as the kernel walks it
-// (plan.hpp's EvenWalk), each piece a split_kv_mma block over its keys, and each tile's pieces merged in order.
-// pieces, if given, receives every piece of every block in launch order (the CPU tests check the decomposition).
+// Every piece of split_kv_even (README §4.5) on `blocks` blocks, block by block in launch order, walked as the
+// kernel walks them (plan.hpp's EvenWalk). tiles_per_entry: the kv groups x row chunks of 16 rows.
+inline std::vector<fdec::Piece> even_pieces(const fa::Problem& p, const std::vector<int>& lens, int blocks) {
+  const int tiles_per_entry = p.kv_heads * fdec::row_chunks(fdec::rows_of(p, true).per_unit());
+  fdec::EvenWalk walk = fdec::even_walk(lens.data(), p.batch, tiles_per_entry, blocks);
+  std::vector<fdec::Piece> pieces;
+  for (int k = 0; k < walk.C; ++k) {
+    const long long x1 = fdec::even_begin(k + 1, walk.T, walk.C);
+    for (long long x = fdec::even_begin(k, walk.T, walk.C); x < x1; x = pieces.back().next)
+      pieces.push_back(walk.piece(k, x, x1));
+  }
+  return pieces;
+}
+
+// split_kv_even on `blocks` blocks: each piece a split_kv_mma block over its keys, each tile's pieces merged in
+// order. pieces, if given, receives the pieces (the CPU tests check the decomposition).
 inline Result forward_even(fa::Dtype t, const fa::Problem& p, const std::vector<int>& lens, const std::vector<float>& q,
                            const std::vector<float>& k, const std::vector<float>& v, int blocks,
                            std::vector<fdec::Piece>* pieces = nullptr) {
   const fdec::Rows R = fdec::rows_of(p, true);
-  const int d = p.head_dim, rows = R.per_unit(), chunks = fdec::row_chunks(rows);
-  fdec::EvenWalk walk;
-  walk.lens = lens.data(), walk.batch = p.batch, walk.tiles_per_entry = p.kv_heads * chunks;
-  walk.T = fdec::even_total(lens.data(), p.batch, walk.tiles_per_entry);
-  walk.C = int(std::min<long long>(blocks, walk.T));
+  const int d = p.head_dim, rows = R.per_unit(), chunks = fdec::row_chunks(rows), tiles_per_entry = p.kv_heads * chunks;
+  const std::vector<fdec::Piece> all = even_pieces(p, lens, blocks);
+  if (pieces) *pieces = all;
   // per (entry, tile): per row, the partials in piece order
-  std::vector<std::vector<std::vector<Partial>>> parts(size_t(p.batch) * walk.tiles_per_entry);
+  std::vector<std::vector<std::vector<Partial>>> parts(size_t(p.batch) * tiles_per_entry);
   Result res;
   res.o.assign(p.q_elems(), 0.f), res.lse.assign(p.lse_elems(), 0.f);
-  for (int blk = 0; blk < walk.C; ++blk) {
-    const long long x1 = fdec::even_begin(blk + 1, walk.T, walk.C);
-    for (long long x = fdec::even_begin(blk, walk.T, walk.C); x < x1;) {
-      const fdec::Piece pc = walk.piece(blk, x, x1);
-      x = pc.next;
-      if (pieces) pieces->push_back(pc);
-      const int u = pc.tile / chunks, r0 = (pc.tile % chunks) * fdec::kMaxRows, nrows = std::min(fdec::kMaxRows, rows - r0);
-      bool tripped = false;
-      const auto out = split_block(p, lens, q.data(), k.data(), v.data(), R, pc.b, u, r0, nrows, pc.keys, Softmax{},
-                                   &tripped, t, Products::tensor_cores);
-      auto& tile = parts[size_t(pc.b) * walk.tiles_per_entry + pc.tile];
-      tile.resize(nrows);
-      for (int r = 0; r < nrows; ++r) tile[r].push_back(out[r]);
-      res.blocks += 1;
-    }
+  for (const fdec::Piece& pc : all) {
+    const int u = pc.tile / chunks, r0 = (pc.tile % chunks) * fdec::kMaxRows, nrows = std::min(fdec::kMaxRows, rows - r0);
+    bool tripped = false;
+    const auto out = split_block(p, lens, q.data(), k.data(), v.data(), R, pc.b, u, r0, nrows, pc.keys, Softmax{},
+                                 &tripped, t, Products::tensor_cores);
+    auto& tile = parts[size_t(pc.b) * tiles_per_entry + pc.tile];
+    tile.resize(nrows);
+    for (int r = 0; r < nrows; ++r) tile[r].push_back(out[r]);
+    res.blocks += 1;
   }
   for (int b = 0; b < p.batch; ++b)
-    for (int tile = 0; tile < walk.tiles_per_entry; ++tile) {
+    for (int tile = 0; tile < tiles_per_entry; ++tile) {
       const int u = tile / chunks, r0 = (tile % chunks) * fdec::kMaxRows;
-      const auto& per_row = parts[size_t(b) * walk.tiles_per_entry + tile];
+      const auto& per_row = parts[size_t(b) * tiles_per_entry + tile];
       for (int r = 0; r < int(per_row.size()); ++r) {
         const int h = R.head(u, r0 + r), i = R.query(r0 + r);
         const Partial m = merge(per_row[r], d);
@@ -327,19 +332,10 @@ inline double model_hbm_bytes(const fa::Problem& p, const std::vector<int>& lens
 // more than one, its partial (O_s and LSE_s of each row) written and read back by the merge.
 inline double model_hbm_bytes_even(const fa::Problem& p, const std::vector<int>& lens, int elem, int blocks) {
   const int rows = fdec::rows_of(p, true).per_unit(), chunks = fdec::row_chunks(rows);
-  fdec::EvenWalk walk;
-  walk.lens = lens.data(), walk.batch = p.batch, walk.tiles_per_entry = p.kv_heads * chunks;
-  walk.T = fdec::even_total(lens.data(), p.batch, walk.tiles_per_entry);
-  walk.C = int(std::min<long long>(blocks, walk.T));
   double bytes = model_hbm_bytes(p, lens, elem, true, 1);
-  for (int k = 0; k < walk.C; ++k) {
-    const long long x1 = fdec::even_begin(k + 1, walk.T, walk.C);
-    for (long long x = fdec::even_begin(k, walk.T, walk.C); x < x1;) {
-      const fdec::Piece pc = walk.piece(k, x, x1);
-      x = pc.next;
-      const int r0 = (pc.tile % chunks) * fdec::kMaxRows;
-      if (pc.parts > 1) bytes += 2.0 * std::min(fdec::kMaxRows, rows - r0) * (p.head_dim + 1) * 4;
-    }
+  for (const fdec::Piece& pc : even_pieces(p, lens, blocks)) {
+    const int r0 = (pc.tile % chunks) * fdec::kMaxRows;
+    if (pc.parts > 1) bytes += 2.0 * std::min(fdec::kMaxRows, rows - r0) * (p.head_dim + 1) * 4;
   }
   return bytes;
 }

@@ -87,6 +87,7 @@ struct Piece {
   long long next;   // the chunk after the piece
 };
 // Walks one block's share piece by piece, keeping the entry it is in (the entries before it are never re-read).
+// Made by even_walk below, which derives T and C.
 struct EvenWalk {
   const int* lens;
   int batch, tiles_per_entry, C;
@@ -114,6 +115,15 @@ struct EvenWalk {
     return pc;
   }
 };
+// The walk of `blocks` blocks over these lengths; C = min(blocks, T), so that no share is empty (blocks C .. are
+// left with nothing to do).
+FA_HD EvenWalk even_walk(const int* lens, int batch, int tiles_per_entry, int blocks) {
+  EvenWalk w;
+  w.lens = lens, w.batch = batch, w.tiles_per_entry = tiles_per_entry;
+  w.T = even_total(lens, batch, tiles_per_entry);
+  w.C = int(w.T < blocks ? w.T : blocks);
+  return w;
+}
 
 // FlashDecoding++'s unified max: a split computes exp(s - phi) with a fixed phi instead of its running max. Safe
 // while every score of the split lies within [phi - kUnderflow, phi + kOverflow] *at its maximum* (README §5):

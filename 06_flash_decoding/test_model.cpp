@@ -313,10 +313,7 @@ TEST_CASE("06 model: the even decomposition (split_kv_even) covers every chunk o
     for (int C : {1, 2, 3, 7, 128, 132, 256}) {
       const int B = int(sh.lens.size());
       INFO("lens ", sh.lens.size(), " tiles/entry ", sh.tiles_per_entry, " C ", C);
-      fdec::EvenWalk walk;
-      walk.lens = sh.lens.data(), walk.batch = B, walk.tiles_per_entry = sh.tiles_per_entry;
-      walk.T = fdec::even_total(sh.lens.data(), B, sh.tiles_per_entry);
-      walk.C = int(std::min<long long>(C, walk.T));
+      fdec::EvenWalk walk = fdec::even_walk(sh.lens.data(), B, sh.tiles_per_entry, C);
       // per (entry, tile): the pieces' keys in part order, the parts they claim, the blocks they come from
       std::vector<std::vector<std::pair<int, fdec::KeyRange>>> seen(size_t(B) * sh.tiles_per_entry);
       std::vector<int> claimed(seen.size(), 0);
