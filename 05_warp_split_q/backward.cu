@@ -23,6 +23,8 @@ const std::vector<BackwardStep>& backward_steps() {
        backward_v6_bc128<fa::half_t>, backward_v6_bc128<fa::bfloat16_t>},
       {"bwd_v7_br64", "64 query rows per tile at d = 128 too: each K_j, V_j fragment load serves twice the mma",
        backward_v7_br64<fa::half_t>, backward_v7_br64<fa::bfloat16_t>},
+      {"bwd_v8_kv_frags", "d = 64: K_j, V_j's line-5 fragments loaded once per block, held in registers",
+       backward_v8_kv_frags<fa::half_t>, backward_v8_kv_frags<fa::bfloat16_t>},
   };
   return steps;
 }

@@ -14,5 +14,6 @@ WSQ_BWD_DECLARE(backward_v4_exp2)
 WSQ_BWD_DECLARE(backward_v5_vec_atomic)
 WSQ_BWD_DECLARE(backward_v6_bc128)
 WSQ_BWD_DECLARE(backward_v7_br64)
+WSQ_BWD_DECLARE(backward_v8_kv_frags)
 #undef WSQ_BWD_DECLARE
 }  // namespace wsq

@@ -141,6 +141,11 @@ BWD_EXPLAINS = {
                      "half the tiles at d = 128: half the barriers per FLOP (d = 64: step 6 itself)"),
                     ("smem wavefronts (M)", "shared-memory wavefronts (millions)",
                      "each $K_j$, $V_j$ fragment load of line 5 feeds twice the mma")],
+    "bwd_v8_kv_frags": [("smem wavefronts (M)", "shared-memory wavefronts (millions)",
+                         "d = 64: line 5's $K_j$, $V_j$ fragments loaded once per block, not per tile "
+                         "(d = 128: step 7 itself)"),
+                        ("instructions (M)", "warp instructions executed (millions)",
+                         "8 fewer `ldmatrix.x4` per warp and tile at d = 64")],
 }
 
 

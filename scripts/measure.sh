@@ -11,7 +11,7 @@
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
 # All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, 06 and 05bwd together 11.5, of
-# which 05bwd about 9 with steps 6 and 7 at every N; estimated: 05fwd a few).
+# which 05bwd about 9 with steps 7 and 8 at every N; estimated: 05fwd a few).
 set -uo pipefail
 usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=00,01,02,03,04,05,05bwd,06
@@ -105,7 +105,7 @@ add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --
 # 05bwd: the backward steps (both dQ modes, next to 04's backward) on the same shapes, and PyTorch's backward;
 # `--kernel none` and `--backward-only` time no forward, so 05's forward rows stay those of a 05 run. Every step at
 # N = 4096 (the ladder's table), the last two steps at every N (each step's check against fp64 is what takes the time).
-BWD_LAST=bwd_v6_bc128,bwd_v7_br64
+BWD_LAST=bwd_v7_br64,bwd_v8_kv_frags
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
