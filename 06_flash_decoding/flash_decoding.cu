@@ -80,11 +80,30 @@ __device__ __forceinline__ void load_floats8(const T* p, float (&f)[8]) {
   }
 }
 
-// 16 bytes global -> shared without passing through registers (sm_80+). bytes = 0 zero-fills the destination and
-// reads nothing (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+// The L2 policy of the K/V stream (README §4.6). Evict-first: the keys and values of a step replace each other in L2
+// instead of what was there before them (a dirty line replaced costs a write to HBM first); the loads then carry
+// createpolicy's evict-first policy. Otherwise no policy at all: L2's default (an explicit evict-normal policy was
+// measured slower, §4.6).
+struct KvPolicy {
+  bool evict_first;
+  uint64_t first;  // the evict-first policy (plain arithmetic: computed once per thread)
+};
+__device__ __forceinline__ KvPolicy kv_policy(bool evict_first) {
+  KvPolicy k{evict_first, 0};
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(k.first));
+  return k;
+}
+
+// 16 bytes global -> shared without passing through registers (sm_80+), under the K/V policy, with L2 asked to
+// fetch the whole 256-byte block around it (a warp's 32 copies cover 512 contiguous bytes; README §4.6). bytes = 0
+// zero-fills the destination and reads nothing (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid, KvPolicy pol) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+  if (pol.evict_first)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(src),
+                 "r"(valid ? 16 : 0), "l"(pol.first));
+  else
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -130,6 +149,7 @@ struct Args {
   int* fallbacks;
   size_t q_rows; // B*H*q_len: the query rows of the whole problem (a row of the workspace per split)
   int* done;     // fused merge: per (row chunk, batch entry x unit), how many of its splits have written their partial
+  bool evict_first;  // the K/V stream's L2 policy (README §4.6)
 };
 
 // Offset of key row `key` of kv head hk of batch entry b: contiguous, or through the block table (page pool
@@ -171,12 +191,13 @@ __device__ __forceinline__ void copy_chunk(const Args<T>& a, int b, int hk, int 
   constexpr int kPieces = D / kVec;                     // 16-byte pieces per K/V row
   constexpr int kCopies = kKeysPerWarp * kPieces / 32;  // 16-byte copies per lane per chunk and matrix
   const int lane = threadIdx.x % 32;
+  const KvPolicy pol = kv_policy(a.evict_first);
 #pragma unroll
   for (int t = 0; t < kCopies; ++t) {
     const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
     const bool ok = key < end;
     const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
-    cp_async16(Ks + row * kLd + col, a.k + off, ok);
+    cp_async16(Ks + row * kLd + col, a.k + off, ok, pol);
   }
   cp_async_commit();
 #pragma unroll
@@ -184,7 +205,7 @@ __device__ __forceinline__ void copy_chunk(const Args<T>& a, int b, int hk, int 
     const int e = lane + 32 * t, row = e / kPieces, col = (e % kPieces) * kVec, key = c0 + row;
     const bool ok = key < end;
     const size_t off = ok ? key_row<T, Paged>(a, b, hk, key) + col : 0;
-    cp_async16(Vs + row * kLd + col, a.v + off, ok);
+    cp_async16(Vs + row * kLd + col, a.v + off, ok, pol);
   }
   cp_async_commit();
 }
@@ -714,28 +735,43 @@ __global__ void __launch_bounds__(kThreads, 1) even_kernel(Args<T> a, int row_ch
   }
 }
 
+// 16 bytes from global memory, read-only: read_kernel's loads, with the L2 behaviour of cp_async16's.
+__device__ __forceinline__ uint4 load16(const uint4* p, KvPolicy pol) {
+  uint4 r;
+  if (pol.evict_first)
+    asm volatile("ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(pol.first));
+  else
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  return r;
+}
+
 // The ceiling: read the visible K and V rows of every (b, kv head) as 16-byte loads, grid (blocks, B x Hkv),
-// kReadUnroll loads of each matrix in flight per thread. The XOR of everything read is written only if it equals a
-// sentinel, so the loads cannot be optimised away.
+// kReadUnroll loads of each matrix in flight per thread, under the L2 policy the split kernels use for the same
+// step. The XOR of everything read is written only if it equals a sentinel, so the loads cannot be optimised away.
 constexpr int kReadUnroll = 4;
 constexpr int kReadBlocksPerSm = 8;  // enough resident threads x loads in flight to cover HBM latency
 constexpr unsigned kSentinel = 0x9e3779b9u;
 __global__ void __launch_bounds__(kThreads) read_kernel(fa::Problem p, const uint4* __restrict__ k,
                                                         const uint4* __restrict__ v, const int* __restrict__ lens,
-                                                        unsigned* sink) {
+                                                        bool evict_first, unsigned* sink) {
   constexpr int kElem = 2;  // fp16 and bf16
   const int b = blockIdx.y / p.kv_heads, hk = blockIdx.y % p.kv_heads;
   const size_t per_row = size_t(p.head_dim) * kElem / 16;  // 16-byte vectors per row
   const size_t base = p.kv_offset(b, hk) * kElem / 16, n = size_t(lens[b]) * per_row;
   const size_t stride = size_t(gridDim.x) * kThreads;
+  const KvPolicy pol = kv_policy(evict_first);
   unsigned x = 0;
   for (size_t e0 = size_t(blockIdx.x) * kThreads + threadIdx.x; e0 < n; e0 += stride * kReadUnroll) {
     uint4 a[kReadUnroll], c[kReadUnroll];
 #pragma unroll
     for (int t = 0; t < kReadUnroll; ++t) {
       const size_t e = e0 + t * stride;
-      a[t] = e < n ? k[base + e] : make_uint4(0, 0, 0, 0);
-      c[t] = e < n ? v[base + e] : make_uint4(0, 0, 0, 0);
+      a[t] = e < n ? load16(k + base + e, pol) : make_uint4(0, 0, 0, 0);
+      c[t] = e < n ? load16(v + base + e, pol) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int t = 0; t < kReadUnroll; ++t) x ^= a[t].x ^ a[t].y ^ a[t].z ^ a[t].w ^ c[t].x ^ c[t].y ^ c[t].z ^ c[t].w;
@@ -910,6 +946,7 @@ Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max
   else if (splits_override > 0) l.splits = splits_override;
   else if (kernel.even) l.splits = std::min(l.sms, kMaxEvenBlocks);
   else l.splits = fdec_model::choose_splits(l.blocks_unsplit, max_len, l.sms);
+  l.evict_first = kv_evict_first_here(p, max_len);
   return l;
 }
 
@@ -950,7 +987,8 @@ void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const 
               ws_lse,
               fallbacks,
               p.lse_elems(),
-              fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr};
+              fused_merge ? merge_counters(size_t(grid.y) * grid.z) : nullptr,
+              launch.evict_first};
     constexpr bool P = decltype(paged)::value, U = decltype(unified)::value, F = decltype(fused)::value;
     if (kernel.even) {
       a.done = merge_counters(size_t(p.batch) * p.kv_heads * launch.row_chunks);
@@ -978,7 +1016,11 @@ void fill_random(fa::Dtype t, size_t n, uint64_t seed, Tensor which, void* x) {
   CHECK_LAUNCH();
 }
 
-void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, unsigned* sink) {
+bool kv_evict_first_here(const fa::Problem& p, int max_len) {
+  return kv_evict_first(kv_step_bytes(p, max_len), double(fa::device_props().l2CacheSize));
+}
+
+void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, bool evict_first, unsigned* sink) {
   static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "both dtypes are 2 bytes");
   static_assert((64 * 2) % 16 == 0, "a K/V row of the supported head_dims is a whole number of 16-byte vectors");
   const int slices = p.batch * p.kv_heads;
@@ -986,7 +1028,8 @@ void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, uns
   const long long useful = std::max(1LL, (vectors + kThreads - 1) / kThreads);
   const int per_slice = int(std::min<long long>(useful, std::max(1, kReadBlocksPerSm * sms / slices)));
   read_kernel<<<dim3(per_slice, slices), kThreads>>>(p, static_cast<const uint4*>(cache.k),
-                                                     static_cast<const uint4*>(cache.v), cache.kv_lens, sink);
+                                                     static_cast<const uint4*>(cache.v), cache.kv_lens,
+                                                     evict_first, sink);
   CHECK_LAUNCH();
 }
 

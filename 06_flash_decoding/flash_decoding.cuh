@@ -62,6 +62,7 @@ struct Launch {
   long long blocks_unsplit = 0;        // batch x units x row chunks
   int sms = 0, blocks_per_sm = 0;      // the device's SMs and how many of these blocks one SM holds
   int max_splits = 1;                  // the largest split count worth trying for this max_len
+  bool evict_first = false;            // the K/V stream's L2 policy: kv_evict_first_here (README §4.6)
 };
 // max_len: the longest context of the batch. splits_override > 0 forces that split count (kernels without
 // splits always use 1). Queries the device (SM count, occupancy); throws std::runtime_error when the kernel's shared
@@ -79,10 +80,15 @@ size_t workspace_floats(const fa::Problem& p, int splits);
 void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache,
              void* o, float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks);
 
+// Whether a step streams K and V evict-first in L2 (README §4.6): plan.hpp's kv_evict_first for the step's K/V
+// bytes at max_len and this GPU's L2. plan() asks it; pass the same to read_kv, so the ceiling reads as the kernels do.
+bool kv_evict_first_here(const fa::Problem& p, int max_len);
+
 // The ceiling: a read-only kernel that reads exactly the K and V rows a decode step must read (every visible key
 // of every kv head, contiguous cache) and writes nothing but an unlikely sentinel. max_len: the longest context;
-// sms: the device's SM count (the grid is sized to keep every SM busy).
-void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, unsigned* sink);
+// sms: the device's SM count (the grid is sized to keep every SM busy); evict_first: the L2 policy of its loads,
+// the kernels' (Launch::evict_first).
+void read_kv(const fa::Problem& p, const Cache& cache, int max_len, int sms, bool evict_first, unsigned* sink);
 
 // n elements of tensor `which` (plan.hpp's input_value(seed, which, index)), rounded to the dtype, on the device.
 void fill_random(fa::Dtype t, size_t n, uint64_t seed, Tensor which, void* x);

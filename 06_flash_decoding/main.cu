@@ -34,7 +34,7 @@ constexpr double kCheckBudget = 2e9;   // fp64 multiply-adds the check may spend
 constexpr fa::Tolerance kTolLse = fa::kTolFp32Forward;  // LSE is fp32 from exact (rounded) inputs, as in chapter 04
 
 struct Flags {
-  std::string kernel = "all", dtype = "fp16", kv_lens, phi = "0";
+  std::string kernel = "all", dtype = "fp16", kv_lens, phi = "0", l2_policy = "auto";
   bool ragged = false, sweep_splits = false;
   int splits = 0, page_size = 16;
 };
@@ -45,6 +45,7 @@ struct Setup {
   std::vector<const fdec::KernelInfo*> kernels;
   std::vector<int> lens;  // per batch entry; filled once the shape is final (after --in)
   float phi = 0.f;
+  int evict_first = -1;  // --l2-policy: -1 auto (plan's choice), 1 evict-first, 0 evict-normal
 };
 
 std::vector<int> parse_int_list(const std::string& s, const char* flag) {
@@ -75,6 +76,10 @@ Setup parse_setup(fa::Options& opts, const Flags& f) {
   if (f.splits > fdec::kMaxSplits)
     throw fa::UsageError("--splits must be in 1 .. " + std::to_string(fdec::kMaxSplits) + " (0: the heuristic)");
   fdec::check_page_size(f.page_size);
+  if (f.l2_policy == "evict-first") s.evict_first = 1;
+  else if (f.l2_policy == "evict-normal") s.evict_first = 0;
+  else if (f.l2_policy != "auto")
+    throw fa::UsageError("bad value '" + f.l2_policy + "' for --l2-policy (auto, evict-first, evict-normal)");
   if (f.ragged && !f.kv_lens.empty()) throw fa::UsageError("--ragged draws the lengths; it cannot be combined with --kv-lens");
   fa::Problem& p = opts.problem;
   if (opts.in_dir.empty() && !opts.given.count("--kv-len")) {  // the Cli's default (kv-len = q-len) is not a cache
@@ -226,6 +231,20 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   CUDA_CHECK(cudaDeviceSynchronize());
   std::printf("lengths: %s (capacity %d)\n", join(s.lens).c_str(), p.kv_len);
   const std::vector<Group> groups = reference_groups(p, s, in);
+  // The K/V stream's L2 policy (README §4.6), the same for every kernel and for the read_kv ceiling.
+  const bool auto_first = fdec::kv_evict_first_here(p, max_len);
+  const bool evict_first = s.evict_first < 0 ? auto_first : s.evict_first == 1;
+  std::printf("l2:      K and V streamed %s (%s%s of K/V per step, L2 %s; auto: evict-first up to %g x the L2)\n",
+              evict_first ? "evict-first" : "evict-normal", s.evict_first < 0 ? "" : "--l2-policy; ",
+              fa::human_bytes(fdec::kv_step_bytes(p, max_len)).c_str(),
+              fa::human_bytes(double(fa::device_props().l2CacheSize)).c_str(), fdec::kEvictFirstL2s);
+  // A policy forced by --l2-policy is named in the result rows' labels: "split_kv_mma@evict-normal".
+  const std::string tag = s.evict_first < 0 ? "" : evict_first ? "@evict-first" : "@evict-normal";
+  auto planned = [&](const fdec::KernelInfo& k, int splits) {
+    fdec::Launch l = fdec::plan(k, p, s.t, max_len, splits);
+    l.evict_first = evict_first;
+    return l;
+  };
 
   fa::DeviceBuffer<uint16_t> o(p.q_elems());
   fa::DeviceBuffer<float> lse(p.lse_elems()), ws;
@@ -268,7 +287,7 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   };
 
   for (const fdec::KernelInfo* k : s.kernels) {
-    const fdec::Launch l = fdec::plan(*k, p, s.t, max_len, f.splits);
+    const fdec::Launch l = planned(*k, f.splits);
     if (k->even)
       std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d blocks%s, the chunks of all of them "
                   "dealt evenly\n", k->name, l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits,
@@ -277,12 +296,12 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
       std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d split(s) of %d keys%s\n", k->name,
                   l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits, fdec::split_len(max_len, l.splits),
                   f.splits ? " (--splits)" : k->splits ? " (heuristic)" : "");
-    run_one(*k, l, k->name);
+    run_one(*k, l, k->name + tag);
     if (f.sweep_splits && k->splits)
       for (int sp = 1; sp <= l.max_splits; ++sp) {
-        fdec::Launch ls = fdec::plan(*k, p, s.t, max_len, sp);
+        const fdec::Launch ls = planned(*k, sp);
         const bool chosen = sp == fdec::plan(*k, p, s.t, max_len, 0).splits;
-        run_one(*k, ls, std::string(k->name) + "/s" + std::to_string(sp) + (chosen ? "*" : ""));
+        run_one(*k, ls, std::string(k->name) + "/s" + std::to_string(sp) + (chosen ? "*" : "") + tag);
       }
   }
 
@@ -290,9 +309,9 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   if (opts.iters > 0) {
     fa::DeviceBuffer<unsigned> sink(1);
     const int sms = fa::device_props().multiProcessorCount;
-    fa::ResultRow r = fa::result_row("06", "read_kv", "read", p);
+    fa::ResultRow r = fa::result_row("06", "read_kv" + tag, "read", p);
     r.dtype = fa::dtype_name(s.t), r.model_hbm_bytes = kv;
-    r.ms = fa::time_ms([&] { fdec::read_kv(p, in.cache.contiguous(), max_len, sms, sink.get()); }, opts.warmup, opts.iters);
+    r.ms = fa::time_ms([&] { fdec::read_kv(p, in.cache.contiguous(), max_len, sms, evict_first, sink.get()); }, opts.warmup, opts.iters);
     r.gbps = fa::gbps(kv, r.ms);
     rows.push_back(r);
     fa::report_rows(opts, rows);
@@ -333,6 +352,9 @@ int main(int argc, char** argv) try {
   cli.add_flag("--sweep-splits", &f.sweep_splits, "also run every split count 1..max (each checked; * marks the heuristic's)");
   cli.add_option("--phi", &f.phi, "the unified max phi of the unified_max kernel");
   cli.add_option("--page-size", &f.page_size, "keys per page of the paged kernel (16, 32, 64, 128, 256)", 1);
+  cli.add_option("--l2-policy", &f.l2_policy,
+                 "L2 policy of the K/V loads, every kernel and read_kv: auto (evict-first when a step reads at most a "
+                 "few L2s of K and V), evict-first, evict-normal");
   cli.extend_help("--q-len", "this chapter: 1 .. 8 new tokens");
   cli.extend_help("--kv-len", "this chapter: the cache capacity, auto = 4096 rather than Nq");
   cli.extend_help("--head-dim", "this chapter: 64, 128");

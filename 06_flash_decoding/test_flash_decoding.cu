@@ -5,7 +5,8 @@
 // every split count 1..max, large logits that make the unified max fall back, page sizes 16..256, fp16 and bf16;
 // the double-buffered and fused-merge kernels bit for bit against the single-buffered one; the tensor-core kernel
 // against the fused one within the chapter's bound, for every row count it pads (1 to 16 rows, and 32, 64 as chunks);
-// the evenly dealt kernel against the tensor-core one within the same bound, for block counts 1 to 256.
+// the evenly dealt kernel against the tensor-core one within the same bound, for block counts 1 to 256; every kernel
+// bit for bit the same under both L2 policies of its K/V loads.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -56,9 +57,10 @@ struct Fixture {
     std::vector<float> o, lse;
     int fallbacks;
   };
-  // One poisoned run of `kernel` with `splits` (0: the heuristic).
-  Out run(const fdec::KernelInfo& kernel, int splits, float phi = 0.f) {
-    const fdec::Launch l = fdec::plan(kernel, p, t, max_len(), splits);
+  // One poisoned run of `kernel` with `splits` (0: the heuristic); evict_first: the K/V loads' L2 policy (-1: plan's).
+  Out run(const fdec::KernelInfo& kernel, int splits, float phi = 0.f, int evict_first = -1) {
+    fdec::Launch l = fdec::plan(kernel, p, t, max_len(), splits);
+    if (evict_first >= 0) l.evict_first = evict_first == 1;
     DeviceBuffer<uint16_t> o(p.q_elems());
     DeviceBuffer<float> lse(p.lse_elems()), ws(fdec::workspace_floats(p, l.splits));
     DeviceBuffer<int> fb(1);
@@ -253,4 +255,16 @@ TEST_CASE("06 gpu: split_kv_even = split_kv_mma within the bound, for any block 
           CHECK_MESSAGE(el.ok(), el.summary("split_kv_even LSE vs split_kv_mma"));
         }
     }
+}
+
+TEST_CASE("06 gpu: the L2 policy of the K/V loads changes no bit of any kernel's output") {
+  // evict-first or evict-normal decides which lines L2 gives up first (README §4.6), not what is loaded.
+  Fixture f(Dtype::fp16, make(3, 32, 8, 1, 1500, 128, false), {1500, 1, 613});
+  for (const fdec::KernelInfo& k : fdec::kernels()) {
+    INFO("kernel ", k.name);
+    const Fixture::Out first = f.run(k, 0, 0.f, 1), normal = f.run(k, 0, 0.f, 0);
+    f.expect_right(first, k.name);
+    CHECK(first.o == normal.o);
+    CHECK(first.lse == normal.lse);
+  }
 }

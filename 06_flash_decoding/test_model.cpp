@@ -562,3 +562,19 @@ TEST_CASE("06 model: the padded K/V rows keep split_kv_mma's ldmatrix reads free
     CHECK(groups_unpadded(0) == 1);
   }
 }
+
+TEST_CASE("06 model: the K/V stream's L2 policy (README §4.6): evict-first up to a few L2s of K and V per step") {
+  // K and V of every kv head at max_len, 16-bit: B x Hkv x N x d x 2 matrices x 2 bytes.
+  CHECK(fdec::kv_step_bytes(make(1, 32, 8, 1, 32768, 128, false), 32768) == 134217728.0);
+  CHECK(fdec::kv_step_bytes(make(8, 32, 32, 1, 4096, 128, false), 4096) == 536870912.0);
+  CHECK(fdec::kv_step_bytes(make(8, 32, 32, 1, 4096, 128, false), 17) == 536870912.0 / 4096 * 17);  // max_len, not N
+  const double l2 = 50.0 * (1 << 20);  // an H100's
+  // The shapes the rule was measured at (README §4.6): 17 and 134 MB per step evict-first, 537 MB and more not.
+  CHECK(fdec::kv_evict_first(fdec::kv_step_bytes(make(1, 32, 8, 1, 4096, 128, false), 4096), l2));
+  CHECK(fdec::kv_evict_first(fdec::kv_step_bytes(make(1, 32, 8, 1, 32768, 128, false), 32768), l2));
+  CHECK_FALSE(fdec::kv_evict_first(fdec::kv_step_bytes(make(1, 32, 8, 1, 131072, 128, false), 131072), l2));
+  CHECK_FALSE(fdec::kv_evict_first(fdec::kv_step_bytes(make(1, 32, 32, 1, 32768, 128, false), 32768), l2));
+  // The line itself: at most kEvictFirstL2s L2s.
+  CHECK(fdec::kv_evict_first(fdec::kEvictFirstL2s * l2, l2));
+  CHECK_FALSE(fdec::kv_evict_first(fdec::kEvictFirstL2s * l2 + 1, l2));
+}

@@ -497,7 +497,9 @@ def bwd_05(rows, gpu, dtype, path):
 
 def decode_06(rows, gpu, path_n, path_splits):
     """06: GB/s (K and V bytes read / time) against the cache length, and against the split count."""
-    mine = [r for r in rows if r["chapter"] == "06" and r["gbps"] > 0]
+    # Rows run with a forced L2 policy ("split_kv_mma@evict-first", "read_kv@evict-normal"; README §4.6) are a
+    # comparison of their own, not the chapter's kernels at their plan.
+    mine = [r for r in rows if r["chapter"] == "06" and r["gbps"] > 0 and "@" not in r["kernel"]]
     if not mine:
         return []
     ceiling = [r for r in mine if CEILING_KERNEL.search(r["kernel"])]

@@ -142,7 +142,8 @@ done
 # 06: decoding, fp16, d = 128, H = 32: every kernel and the read_kv ceiling at B in {1, 8}, Hkv in {32, 8},
 # N in {4k, 32k, 128k}; the split-count sweeps of split_kv_gqa, split_kv_fused and split_kv_mma and the block-count
 # sweep of split_kv_even (every count checked, the heuristic's marked *); the unified max with large logits (every split falls back: the cost of the
-# fallback); PyTorch SDPA flash and cuDNN at q_len 1
+# fallback); PyTorch SDPA flash and cuDNN at q_len 1; split_kv_mma and read_kv at N = 32k with the L2 policy
+# forced to evict-first and to evict-normal
 for b in 1 8; do
   for hkv in 32 8; do
     for n in 4096 32768 131072; do
@@ -158,6 +159,12 @@ for kernel in split_kv_gqa split_kv_fused split_kv_mma split_kv_even; do  # the 
   add 06 "$B/06_flash_decoding/flash_decoding --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 --kernel $kernel --sweep-splits --iters 10 --warmup 1"
 done
 add 06 "$B/06_flash_decoding/flash_decoding --batch 1 --heads 32 --kv-heads 8 --kv-len 32768 --head-dim 128 --kernel unified_max --scale 30 --iters 10 --warmup 1"
+for shape in "1 8" "1 32" "8 8" "8 32"; do  # the K/V stream's L2 policy forced both ways (README §4.6), split_kv_mma
+  read -r b hkv <<< "$shape"
+  for policy in evict-first evict-normal; do
+    add 06 "$B/06_flash_decoding/flash_decoding --batch $b --heads 32 --kv-heads $hkv --kv-len 32768 --head-dim 128 --kernel split_kv_mma --l2-policy $policy --iters 10 --warmup 2"
+  done
+done
 
 rc=0
 n=${#steps[@]}
