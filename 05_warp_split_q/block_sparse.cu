@@ -7,7 +7,7 @@
 // A null mask runs step 8 itself.
 #include "block_mask.hpp"
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 
 namespace wsq {

@@ -5,7 +5,7 @@
 #include "backward.cuh"
 #include "bwd_frag.hpp"
 #include "bwd_launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 
 namespace wsq {
 namespace bwd {

@@ -14,6 +14,7 @@
 #include "frag.hpp"
 
 namespace wsq {
+namespace frag = fa::frag;  // common/frag.hpp
 namespace bwd_frag {
 
 enum class Operand { A_mk, A_km, B_nk, B_kn };

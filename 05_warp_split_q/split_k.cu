@@ -15,7 +15,7 @@
 // warps compute the same m_new from the same shared partial maxima.
 // Shared memory: (Br + 2 Bc) d + Br Bc 16-bit values + Br d + 2 x 4 Br floats = 50 KiB (d = 64), 90 KiB (d = 128).
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 
 namespace wsq {

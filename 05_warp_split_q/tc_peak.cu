@@ -12,7 +12,7 @@
 #include "device.cuh"
 #include "device_buffer.cuh"
 #include "program.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "tc_peak.cuh"
 #include "timer.cuh"
 

@@ -24,7 +24,7 @@
 // Thread mapping as in step 9: consumer warpgroups 0 and 1 (rows 64 w .. 64 w + 63), producer warpgroup 2.
 // Shared memory as in step 9: (128 + 4 x 128) x d x 2 B = 80 KiB (d = 64), 160 KiB (d = 128), plus 9 mbarriers.
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 #include "tma_host.cuh"
 #include "wgmma.cuh"

@@ -19,7 +19,7 @@
 // rows) to become an A operand.
 // Shared memory: (Br + 2 Bc) d + Br Bc 16-bit values = 32 KiB (d = 64), 56 KiB (d = 128) at Br = Bc = 64.
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 
 namespace wsq {

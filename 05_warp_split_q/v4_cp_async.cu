@@ -20,7 +20,7 @@
 // rows) to become an A operand.
 // Shared memory: (Br + 4 Bc) d + Br Bc 16-bit values = 48 KiB (d = 64), 88 KiB (d = 128) at Br = Bc = 64.
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 
 namespace wsq {

@@ -19,7 +19,7 @@
 // Operands reach the tensor cores by ldmatrix (.trans for V); P never leaves the registers.
 // Shared memory: (Br + 4 Bc) d 16-bit values = 40 KiB (d = 64), 80 KiB (d = 128) at Br = Bc = 64.
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 
 namespace wsq {

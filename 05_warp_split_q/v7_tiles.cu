@@ -19,7 +19,7 @@
 // Operands reach the tensor cores by ldmatrix (.trans for V); P never leaves the registers.
 // Shared memory: (Br + 4 Bc) d 16-bit values = 48 KiB (d = 64: 128 x 64), 64 KiB (d = 128: 128 x 32).
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 
 namespace wsq {

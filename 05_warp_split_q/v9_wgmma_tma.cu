@@ -30,7 +30,7 @@
 // Shared memory: Q_i Br x d, and 2 buffers each of K_j and V_j, Bc x d, 16-bit, as 64-column panels (tma_host.cuh):
 // (128 + 4 x 128) x d x 2 B = 80 KiB (d = 64), 160 KiB (d = 128), plus 7 mbarriers and 1 KiB of alignment slack.
 #include "launch.cuh"
-#include "ptx.cuh"
+#include "tc.cuh"
 #include "steps.hpp"
 #include "tma_host.cuh"
 #include "wgmma.cuh"

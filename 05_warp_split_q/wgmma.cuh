@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ptx.cuh"  // smem_addr
+#include "tc.cuh"  // smem_addr
 #include "sm90_layout.hpp"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -37,8 +37,8 @@
 #include "lowp.cuh"
 #include "model.hpp"
 #include "plan.hpp"
-// Chapter 05's wrappers of mma.sync, ldmatrix and the fragment maps (frag.hpp): the same ones, not a copy.
-#include "../05_warp_split_q/ptx.cuh"
+// common/'s wrappers of mma.sync, ldmatrix and the fragment maps (frag.hpp): the ones chapter 05 uses.
+#include "ptx.cuh"
 
 namespace fdec {
 namespace {
@@ -359,7 +359,7 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
 template <class T, int D, bool Paged, int Stages>
 __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int hk, int r0, int nrows, KeyRange keys,
                                            const fa::Problem& pb, char* smem) {
-  namespace frag = wsq::frag;
+  namespace frag = fa::frag;
   constexpr int R = kMaxRows;
   using L = Smem<D, R, Stages, true>;
   constexpr int kStepsQK = D / 16;             // k-steps of S = Q K_j^T
@@ -425,9 +425,9 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
       for (int ks = 0; ks < kStepsQK; ++ks) {
         uint32_t kb[4];
         const T* k_row = Ks + (16 * np + frag::nk_tile_row(lane)) * L::kLdKV + 16 * ks + frag::nk_tile_col(lane);
-        wsq::ldmatrix_x4(kb, k_row);
-        wsq::mma_16816<T>(s[2 * np], qf[ks], kb);
-        wsq::mma_16816<T>(s[2 * np + 1], qf[ks], kb + 2);
+        fa::tc::ldmatrix_x4(kb, k_row);
+        fa::tc::mma_16816<T>(s[2 * np], qf[ks], kb);
+        fa::tc::mma_16816<T>(s[2 * np + 1], qf[ks], kb + 2);
       }
     // line 6': scale, and mask what a row does not see: keys past the split, causal keys, everything for padding
 #pragma unroll
@@ -443,7 +443,7 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
       float mx = m[h];
 #pragma unroll
       for (int n = 0; n < kTilesS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      const float m_new = wsq::quad_max(mx);
+      const float m_new = fa::tc::quad_max(mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid (-inf) - (-inf)
       const float alpha = expf(m[h] - m_use);
       float sum = 0.f;
@@ -466,15 +466,15 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const float* c = s[2 * kk + frag::p_from_s_ntile(reg)] + frag::p_from_s_celem(reg);
-        pf[reg] = wsq::pack2<T>(c[0], c[1]);
+        pf[reg] = fa::tc::pack2<T>(c[0], c[1]);
       }
 #pragma unroll
       for (int np = 0; np < kTilesO / 2; ++np) {
         uint32_t vb[4];
         const T* v_row = Vs + (16 * kk + frag::a_tile_row(lane)) * L::kLdKV + 16 * np + frag::a_tile_col(lane);
-        wsq::ldmatrix_x4_trans(vb, v_row);
-        wsq::mma_16816<T>(acc[2 * np], pf, vb);
-        wsq::mma_16816<T>(acc[2 * np + 1], pf, vb + 2);
+        fa::tc::ldmatrix_x4_trans(vb, v_row);
+        fa::tc::mma_16816<T>(acc[2 * np], pf, vb);
+        fa::tc::mma_16816<T>(acc[2 * np + 1], pf, vb + 2);
       }
     }
     __syncwarp();  // every lane is done with K_j, V_j before the next chunk overwrites them
@@ -483,7 +483,7 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 
   // line 10: the warp's (m, l, m, O~) -> scratch, in attend's layout (the row's largest score is m itself)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) l[h] = wsq::quad_sum(l[h]);
+  for (int h = 0; h < 2; ++h) l[h] = fa::tc::quad_sum(l[h]);
   __syncthreads();
   float* scratch = reinterpret_cast<float*>(smem) + warp * R * (D + 3);
 #pragma unroll

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <set>
 
-#include "../05_warp_split_q/frag.hpp"
+#include "frag.hpp"
 #include "model.hpp"
 #include "random.hpp"
 #include "testing.hpp"
@@ -452,7 +452,7 @@ std::array<std::array<std::array<float, 2>, 2>, kLanes> half_of(const std::array
 }  // namespace
 
 TEST_CASE("06 model: one split_kv_mma chunk lane by lane: S = Q K_j^T and O~ = P V_j on the padded tile") {
-  namespace frag = wsq::frag;
+  namespace frag = fa::frag;
   for (int D : {64, 128})
     for (int nrows : {1, 4, 9, 16}) {
       INFO("d=", D, " rows=", nrows);
@@ -536,7 +536,7 @@ TEST_CASE("06 model: one split_kv_mma chunk lane by lane: S = Q K_j^T and O~ = P
 TEST_CASE("06 model: the padded K/V rows keep split_kv_mma's ldmatrix reads free of bank conflicts") {
   // An ldmatrix.x4 reads 4 matrices, one per phase; in a phase 8 lanes each give a 16-byte row. No conflict iff
   // the 8 rows fall into 8 different groups of 4 banks (16 bytes): (byte offset / 16) mod 8 all distinct.
-  namespace frag = wsq::frag;
+  namespace frag = fa::frag;
   for (int D : {64, 128}) {
     const int ld_bytes = (D + fdec::kPadH) * 2;
     auto conflict_free = [&](auto row_of, auto col_of, int row0, int col0) {

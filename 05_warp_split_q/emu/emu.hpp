@@ -15,7 +15,7 @@
 // This header replaces ptx.cuh and launch.cuh (their include guards are defined here) and must be included
 // before a kernel file.
 #pragma once
-#define WSQ_PTX_CUH
+#define FA_PTX_CUH
 #define WSQ_LAUNCH_CUH
 
 #include <algorithm>
@@ -29,7 +29,7 @@
 
 #include "dtype.hpp"
 #include "emu_common.hpp"
-#include "../frag.hpp"
+#include "frag.hpp"
 #include "problem.hpp"
 
 

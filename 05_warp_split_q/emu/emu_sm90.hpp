@@ -18,7 +18,7 @@
 // Slow, and it proves nothing about timing or about what the asynchronous hardware might reorder; it does check
 // the index arithmetic, the phases and the layouts.
 #pragma once
-#define WSQ_PTX_CUH
+#define FA_PTX_CUH
 #define WSQ_LAUNCH_CUH
 #define WSQ_WGMMA_CUH
 #define WSQ_TMA_HOST_CUH
@@ -36,7 +36,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../frag.hpp"
+#include "frag.hpp"
 #include "../sm90_layout.hpp"
 #include "dtype.hpp"
 #include "emu_common.hpp"

@@ -13,7 +13,7 @@
 
 #include "frag.hpp"
 
-using namespace wsq::frag;
+using namespace fa::frag;
 
 namespace {
 

@@ -1,11 +1,11 @@
-// The PTX every step of the ladder uses, wrapped once: the tensor-core product (mma.sync m16n8k16), the
+// The tensor-core PTX that chapters 05 and 06 use, wrapped once: the tensor-core product (mma.sync m16n8k16), the
 // warp-wide shared-memory matrix load (ldmatrix x4, plain and .trans), the asynchronous copy global ->
 // shared (cp.async, with zero fill), and two small helpers (packing two floats into one 32-bit register of
 // the dtype, reductions over the 4 lanes that share a row of a C fragment). Fragment maps: frag.hpp.
 // Requires sm_80 or newer (mma m16n8k16 with bf16, cp.async). The shared-memory instructions carry a "memory"
 // clobber: the compiler may not move them across the plain C++ stores and loads of the same tiles.
-#ifndef WSQ_PTX_CUH  // a guard, not #pragma once: test_emulated.cpp provides a CPU version of this header
-#define WSQ_PTX_CUH
+#ifndef FA_PTX_CUH  // a guard, not #pragma once: chapter 05's CPU emulation (emu/) provides its own version
+#define FA_PTX_CUH
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,7 +14,7 @@
 
 #include "frag.hpp"
 
-namespace wsq {
+namespace fa::tc {
 
 // D = A B + D for one 16x8x16 tile: a[4] and b[2] hold the fragments of frag.hpp, d[4] the fp32 C/D fragment.
 template <class T>
@@ -95,5 +95,5 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-}  // namespace wsq
-#endif  // WSQ_PTX_CUH
+}  // namespace fa::tc
+#endif  // FA_PTX_CUH

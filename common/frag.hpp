@@ -1,4 +1,4 @@
-// Fragment maps of the tensor-core instructions this chapter uses, as constexpr functions that the kernels
+// Fragment maps of the tensor-core instructions chapters 05 and 06 use, as constexpr functions that the kernels
 // call to compute their shared-memory addresses and that test_frag.cpp runs on the CPU.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: D (16x8) = A (16x16) B (16x8) + C.
@@ -16,8 +16,7 @@
 #pragma once
 #include "hd.hpp"
 
-namespace wsq {
-namespace frag {
+namespace fa::frag {
 
 struct RowCol {
   int row, col;
@@ -72,5 +71,4 @@ FA_HD constexpr int swizzled(int row, int col, int cols) {
   return row * cols + 8 * swizzle_chunk(row, col >> 3) + (col & 7);
 }
 
-}  // namespace frag
-}  // namespace wsq
+}  // namespace fa::frag
