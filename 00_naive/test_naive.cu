@@ -24,7 +24,7 @@ Problem make(int B, int H, int Hkv, int nq, int nk, int d, bool causal, float dr
 }
 
 void check_naive(const Problem& p, bool large_logits = false) {
-  INFO(describe(p), large_logits ? " large logits" : "");
+  INFO(describe(p), std::string(large_logits ? " large logits" : ""));
   const HostTensors in = large_logits ? large_logit_inputs(p, true) : random_inputs(p, true);
   DeviceTensors t(p, in);
   naive::Workspace ws(p, true);

@@ -141,7 +141,7 @@ TEST_CASE("01 model fused attention row, both forms, equals the fp64 reference")
         om::attention(p, form, in.q.data(), in.k.data(), in.v.data(), o, lse);
         std::vector<double> ro, rl;
         reference_forward(p, in.q.data(), in.k.data(), in.v.data(), ro, rl);
-        INFO(describe(p) << (form == om::Form::Fa1 ? " FA1 form" : " FA2 form"));
+        INFO(describe(p) << std::string(form == om::Form::Fa1 ? " FA1 form" : " FA2 form"));
         const auto eo = compare(o, ro, kTolFp32Forward), el = compare(lse, rl, kTolFp32Forward);
         CHECK_MESSAGE(eo.ok(), eo.summary("O"));
         CHECK_MESSAGE(el.ok(), el.summary("LSE"));

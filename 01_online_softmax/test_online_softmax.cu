@@ -44,7 +44,7 @@ void check_softmax(int rows, int cols, double stddev, bool misalign = false) {
   const std::vector<double> naive_y = to_double(dp.download());
 
   for (const Variant& v : kVariants) {
-    INFO(v.name << " rows=" << rows << " cols=" << cols << " stddev=" << stddev << (misalign ? " misaligned" : ""));
+    INFO(std::string(v.name) << " rows=" << rows << " cols=" << cols << " stddev=" << stddev << std::string(misalign ? " misaligned" : ""));
     dy.poison();
     v.fn(dx.get() + off, dy.get() + off, rows, cols);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -73,8 +73,8 @@ void check_attention(const Problem& p, bool large_logits = false) {
   std::vector<double> ro, rl;
   reference_forward(p, in.q.data(), in.k.data(), in.v.data(), ro, rl);
   for (auto form : {online_softmax::Form::Fa1NormalisedEachStep, online_softmax::Form::Fa2DeferredNormalisation}) {
-    INFO(describe(p) << (form == online_softmax::Form::Fa1NormalisedEachStep ? " FA1 form" : " FA2 form")
-                     << (large_logits ? " large logits" : ""));
+    INFO(describe(p) << std::string(form == online_softmax::Form::Fa1NormalisedEachStep ? " FA1 form" : " FA2 form")
+                     << std::string(large_logits ? " large logits" : ""));
     t.poison_outputs();
     online_softmax::attention_fused(p, form, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get());
     CUDA_CHECK(cudaDeviceSynchronize());

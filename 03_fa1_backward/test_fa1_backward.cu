@@ -35,7 +35,7 @@ void run_02_then_03(const Problem& p, DeviceTensors& t) {
 }
 
 void check_fa1_backward(const Problem& p, bool large_logits = false) {
-  INFO(describe(p), large_logits ? " large logits" : "");
+  INFO(describe(p), std::string(large_logits ? " large logits" : ""));
   const HostTensors in = large_logits ? large_logit_inputs(p, true) : random_inputs(p, true);
   DeviceTensors t(p, in);
   run_02_then_03(p, t);
@@ -187,7 +187,7 @@ TEST_CASE("03: gradient check of the 02 -> 03 pipeline by finite differences (GQ
       const double down = f();
       (*inputs[x])[e] = keep;
       const double fd = (up - down) / (2.0 * kStep), g = grads[x][e];
-      INFO(names[x], "[", e, "]: finite difference ", fd, ", backward ", g);
+      INFO(std::string(names[x]), "[", e, "]: finite difference ", fd, ", backward ", g);
       CHECK(std::fabs(fd - g) <= 1e-3 + 1e-2 * std::fabs(g));
     }
 }

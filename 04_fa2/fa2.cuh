@@ -13,6 +13,7 @@
 
 #include "block_mask.hpp"
 #include "problem.hpp"
+#include "step.hpp"
 
 namespace fa2 {
 
@@ -35,14 +36,12 @@ void check_supported(const fa::Problem& p);
 void forward(const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse,
              const uint8_t* block_mask = nullptr);
 
-// The forward as a ladder of complete kernels, one file each (fwd_v1_*.cu .. fwd_v4_*.cu), each adding one
+// The forward as a ladder of complete kernels, one file each (v01_*.cu .. v04_*.cu), each adding one
 // idea to the previous one. Every step has forward()'s contract (same inputs, outputs, checks and errors).
 using ForwardFn = void (*)(const fa::Problem&, const float* q, const float* k, const float* v, float* o, float* lse);
-struct ForwardStep {
-  const char* name;  // e.g. "v1_loop_swap": the program's --kernel NAME
-  const char* idea;  // the one idea this step adds, in a line
-  ForwardFn run;
-};
+// A step (common/step.hpp): name (e.g. "v1_loop_swap", the program's --kernel NAME), the idea it adds in a line,
+// launch (its ForwardFn), dtypes "fp32", arch fa::Arch::any (CUDA cores only: every GPU).
+using ForwardStep = fa::Step<ForwardFn>;
 const std::vector<ForwardStep>& forward_steps();  // in ladder order; the last is the fastest, = fa2::forward
 
 // How dQ is accumulated in the backward pass.

@@ -1,9 +1,9 @@
 // Chapter 04: the FlashAttention-2 forward as a ladder of four kernels, one file each, each one idea on
 // top of the previous (README §3):
-//   fwd_v1_loop_swap.cu       02's kernel with the loops swapped: O_i, l_i, m_i stay on chip
-//   fwd_v2_deferred_norm.cu   an unnormalised accumulator, divided by l_i once at the end
-//   fwd_v3_q_grid.cu          one thread block per Q block (grid over the sequence)
-//   fwd_v4_micro_tile.cu      4 x 4 register micro-tiles and float4 loads   (= fa2::forward)
+//   v01_loop_swap.cu       02's kernel with the loops swapped: O_i, l_i, m_i stay on chip
+//   v02_deferred_norm.cu   an unnormalised accumulator, divided by l_i once at the end
+//   v03_q_grid.cu          one thread block per Q block (grid over the sequence)
+//   v04_micro_tile.cu      4 x 4 register micro-tiles and float4 loads   (= fa2::forward)
 // This file lists them and holds the checks every 04 launch makes.
 #include <cstdint>
 #include <cstdio>
@@ -18,14 +18,16 @@ namespace fa2 {
 const std::vector<ForwardStep>& forward_steps() {
   static const std::vector<ForwardStep> steps = {
       {"v1_loop_swap", "02's kernel, loops swapped: Q blocks outer, K/V blocks inner; O_i, l_i, m_i stay on chip",
-       forward_v1_loop_swap},
+       forward_v1_loop_swap, "fp32", fa::Arch::any},
       {"v2_deferred_norm", "unnormalised O~_i rescaled per K/V block, divided by l_i once at the end",
-       forward_v2_deferred_norm},
-      {"v3_q_grid", "grid over (Q block, head, batch) instead of (head, batch)", forward_v3_q_grid},
+       forward_v2_deferred_norm, "fp32", fa::Arch::any},
+      {"v3_q_grid", "grid over (Q block, head, batch) instead of (head, batch)", forward_v3_q_grid, "fp32",
+       fa::Arch::any},
       {"v4_micro_tile", "4 x 4 register micro-tiles of S_ij, float4 shared-memory loads, P~ stored transposed",
        [](const fa::Problem& p, const float* q, const float* k, const float* v, float* o, float* lse) {
          forward_v4_micro_tile(p, q, k, v, o, lse, nullptr);
-       }},
+       },
+       "fp32", fa::Arch::any},
   };
   return steps;
 }

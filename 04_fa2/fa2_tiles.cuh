@@ -1,4 +1,4 @@
-// Chapter 04, shared by forward step 4 (fwd_v4_micro_tile.cu) and the backward (fa2_backward.cu): the
+// Chapter 04, shared by forward step 4 (v04_micro_tile.cu) and the backward (fa2_backward.cu): the
 // 16 x 16 thread grid with a 4 x 4 micro-tile of S_ij per thread, the tile sizes, and the small device
 // helpers both use (float4 shared-memory loads, 16-lane row reductions, tile loads).
 #pragma once

@@ -8,6 +8,7 @@
 //   ./fa2 --batch 1 --heads 2 --q-len 16384   grid size vs SM count when batch*heads is small
 //   ./fa2 --in DIR --out DIR            your own q/k/v(/do).npy; writes o/lse(/dq/dk/dv).npy
 //   ./fa2 --q-len 16384 --block-mask local:512 --backward   block-sparse, timed next to the dense kernels
+//   ./fa2 --list-steps                  the forward ladder, one step a line (what the scripts read)
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <cstdio>
 #include <string>
@@ -21,7 +22,7 @@
 namespace {
 
 struct Flags {
-  bool backward = false, sweep = false, no_previous = false;
+  bool backward = false, sweep = false, no_previous = false, list_steps = false;
   std::string kernel;      // a forward step's name, or "all"
   std::string block_mask;  // SPEC (common/block_mask.hpp), empty = dense only
 };
@@ -124,7 +125,7 @@ bool run_problem(const fa::Options& opts, const Flags& f, const std::vector<fa2:
   // 4-5. Each forward step: run once on poisoned outputs, check against fp64, time; the ratio to the step before.
   std::vector<fa::ResultRow> step_rows;
   for (const fa2::ForwardStep& s : steps) {
-    auto run = [&] { s.run(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get()); };
+    auto run = [&] { s.launch(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get()); };
     const fa::ErrorReport e = fa::run_and_check_forward(std::string("04 ") + s.name + " (" + s.idea + ")", p, in, t, run);
     ok = ok && e.ok();
     fa::ResultRow r = fa::result_row("04", s.name, "fwd", p);
@@ -188,6 +189,8 @@ int main(int argc, char** argv) try {
               "reference and timed next to chapters 02 and 03.",
               defaults());
   cli.add_option("--kernel", &f.kernel, "forward step to run: " + fa::step_names(fa2::forward_steps()) + ", or all (in ladder order)");
+  cli.add_flag("--list-steps", &f.list_steps,
+               "print the forward steps, one a line: name, dtypes, GPUs, idea (tab-separated), and exit");
   cli.add_flag("--backward", &f.backward, "also run, check and time the backward pass (both dQ modes) and 03's");
   cli.add_flag("--sweep", &f.sweep,
                "run N = 1024, 4096, 16384 x head_dim 64, 128 x causal off/on (ignores --q-len, --kv-len, --head-dim, "
@@ -200,6 +203,10 @@ int main(int argc, char** argv) try {
   cli.extend_help("--head-dim", "this chapter: 16, 32, 64, 128");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
+  if (f.list_steps) {  // before any GPU work: the scripts read the ladder from here
+    fa::print_steps(fa2::forward_steps());
+    return 0;
+  }
   const std::vector<fa2::ForwardStep> steps = fa::select_steps(fa2::forward_steps(), f.kernel);
   if (f.sweep && !opts.in_dir.empty()) throw fa::UsageError("--sweep makes its own inputs; it cannot be combined with --in");
 

@@ -47,7 +47,7 @@ std::vector<float> check_block_sparse(const Problem& p, const BlockMask& mask) {
 
   const fa2::DqMode modes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
   for (int mi = 0; mi < 2; ++mi) {
-    INFO((mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
+    INFO(std::string(mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
     t.dq.poison(), t.dk.poison(), t.dv.poison(), ws.poison();
     fa2::backward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), t.dout.get(), t.dq.get(), t.dk.get(),
                   t.dv.get(), modes[mi], ws.get(), bits.get());

@@ -62,9 +62,9 @@ void check_fa2(const Problem& p) {
   // The ladder: each step on poisoned outputs, against fp64 and 02; the last one's O and L feed the backward.
   std::vector<float> o, lse;
   for (const fa2::ForwardStep& step : fa2::forward_steps()) {
-    INFO("forward step ", step.name);
+    INFO("forward step ", std::string(step.name));
     t.poison_outputs();
-    step.run(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get());
+    step.launch(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get());
     CUDA_CHECK(cudaDeviceSynchronize());
     o = t.o.download(), lse = t.lse.download();
     expect(compare(o, ro, tol_f), std::string("04 ") + step.name + " O vs fp64");
@@ -76,7 +76,7 @@ void check_fa2(const Problem& p) {
   std::vector<float> dq[2], dk[2], dv[2];
   const fa2::DqMode modes[] = {fa2::DqMode::Atomic, fa2::DqMode::Deterministic};
   for (int mi = 0; mi < 2; ++mi) {
-    INFO((mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
+    INFO(std::string(mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
     t.dq.poison(), t.dk.poison(), t.dv.poison(), ws.poison();
     fa2::backward(p, t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.get(), t.dout.get(), t.dq.get(), t.dk.get(),
                   t.dv.get(), modes[mi], ws.get());
@@ -88,7 +88,7 @@ void check_fa2(const Problem& p) {
   }
 
   for (int mi = 0; mi < 2; ++mi) {
-    INFO((mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
+    INFO(std::string(mi == 0 ? "dQ mode: Atomic" : "dQ mode: Deterministic"));
     expect(compare(dq[mi], to_double(dq1.download()), tol_b), "04 dQ vs 03 dQ");
     expect(compare(dk[mi], to_double(dk1.download()), tol_b), "04 dK vs 03 dK");
     expect(compare(dv[mi], to_double(dv1.download()), tol_b), "04 dV vs 03 dV");

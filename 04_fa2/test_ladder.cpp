@@ -14,7 +14,9 @@ TEST_CASE("04 ladder: four steps in order, unique names, each naming its idea") 
   for (size_t s = 0; s < steps.size(); ++s) {
     CHECK(std::string(steps[s].name) == names[s]);  // the order is the lesson: each adds one idea
     CHECK(std::string(steps[s].idea).size() > 10);
-    CHECK(bool(steps[s].run));
+    CHECK(bool(steps[s].launch));
+    CHECK(std::string(steps[s].dtypes) == "fp32");  // CUDA cores, fp32: every GPU runs every step
+    CHECK(steps[s].arch == fa::Arch::any);
     seen.insert(steps[s].name);
   }
   CHECK(seen.size() == steps.size());
@@ -24,16 +26,16 @@ TEST_CASE("04 ladder: every step refuses what the chapter does not support, befo
   fa::Problem p;
   p.q_len = p.kv_len = 8;
   for (const auto& step : fa2::forward_steps()) {
-    INFO(step.name);
+    INFO(std::string(step.name));
     p.head_dim = 48;
-    CHECK_THROWS_WITH_AS(step.run(p, nullptr, nullptr, nullptr, nullptr, nullptr),
+    CHECK_THROWS_WITH_AS(step.launch(p, nullptr, nullptr, nullptr, nullptr, nullptr),
                          doctest::Contains("16, 32, 64 or 128"), fa::UsageError);
     p.head_dim = 64;
     p.dropout_p = 1.5f;
-    CHECK_THROWS_AS(step.run(p, nullptr, nullptr, nullptr, nullptr, nullptr), fa::UsageError);
+    CHECK_THROWS_AS(step.launch(p, nullptr, nullptr, nullptr, nullptr, nullptr), fa::UsageError);
     p.dropout_p = 0.f;
     p.batch = 70000;  // grid dimension z
-    CHECK_THROWS_AS(step.run(p, nullptr, nullptr, nullptr, nullptr, nullptr), fa::UsageError);
+    CHECK_THROWS_AS(step.launch(p, nullptr, nullptr, nullptr, nullptr, nullptr), fa::UsageError);
     p.batch = 1;
   }
 }

@@ -8,14 +8,13 @@
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
 //   ./warp_split_q --kernel v8_two_row_tiles --block-mask local:512 --q-len 16384   block-sparse step 8
+//   ./warp_split_q --list-steps [--backward]    the steps this GPU runs, one a line (what the scripts read)
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "bwd_program.cuh"
-#include "check.hpp"
 #include "device_buffer.cuh"
 #include "fa2.cuh"
 #include "formulas.hpp"
@@ -24,14 +23,17 @@
 #include "program.cuh"
 #include "testing.hpp"
 #include "timer.cuh"
-#include "warp_split_q.cuh"
+
+#include "backward/bwd_program.cuh"
+#include "forward/check.hpp"
+#include "forward/warp_split_q.cuh"
 
 namespace {
 
 struct Flags {
   std::string kernel = "all", dtype = "fp16", bwd_kernel = "all";
   std::string block_mask;  // SPEC (common/block_mask.hpp), empty = dense only
-  bool no_previous = false, backward = false;
+  bool no_previous = false, backward = false, list_steps = false;
 };
 
 fa::Options defaults() {
@@ -67,7 +69,7 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
   // Chapter 04 (fp32) on the same rounded inputs: the other end of the equivalence chain, and the baseline.
   const fa2::ForwardStep& fa2_step = fa2::forward_steps().back();
   fa::DeviceBuffer<float> q32(in.q), k32(in.k), v32(in.v), o32(p.q_elems()), lse32(p.lse_elems());
-  auto fa2_run = [&] { fa2_step.run(p, q32.get(), k32.get(), v32.get(), o32.get(), lse32.get()); };
+  auto fa2_run = [&] { fa2_step.launch(p, q32.get(), k32.get(), v32.get(), o32.get(), lse32.get()); };
   o32.poison(), lse32.poison();
   fa2_run();
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -76,10 +78,10 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, in.q, in.k, in.v);
   bool ok = true;
   std::vector<fa::ResultRow> rows;
-  const std::vector<wsq::Step> steps =
-      f.kernel == "none" ? std::vector<wsq::Step>{} : fa::select_steps(wsq::forward_steps(), f.kernel);
-  for (const wsq::Step& s : steps) {
-    const wsq::ForwardFn<T> fn = wsq::fn<T>(s);
+  const std::vector<wsq::ForwardStep> steps =
+      f.kernel == "none" ? std::vector<wsq::ForwardStep>{} : fa::select_steps(wsq::forward_steps(), f.kernel);
+  for (const wsq::ForwardStep& s : steps) {
+    const wsq::ForwardFn<T> fn = s.launch.of<T>();
     auto go = [&] { fn(p, q.get(), k.get(), v.get(), o.get(), lse.get()); };
     o.poison(), lse.poison();  // an element a kernel forgets to write stays NaN and fails
     go();
@@ -169,8 +171,9 @@ int main(int argc, char** argv) try {
               defaults());
   cli.add_option("--kernel", &f.kernel,
                  "all, or steps separated by commas: " + fa::step_names(wsq::forward_steps()) +
-                     " (v9_wgmma_tma and v10_pingpong are listed on an sm_90 GPU only), or none with --backward "
-                     "(time only the backward); default all");
+                     (wsq::hopper_steps_built() ? " (v9_wgmma_tma and v10_pingpong are listed on an sm_90 GPU only)"
+                                                : " (built without the Hopper steps)") +
+                     ", or none with --backward (time only the backward); default all");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16: inputs are rounded to it on load (default fp16)");
   cli.add_flag("--no-previous", &f.no_previous, "do not time chapter 04 for comparison");
   cli.add_flag("--backward", &f.backward,
@@ -178,12 +181,22 @@ int main(int argc, char** argv) try {
   cli.add_option("--bwd-kernel", &f.bwd_kernel,
                  "with --backward: all, or steps separated by commas: " + fa::step_names(wsq::backward_steps()) +
                      " (default all)");
+  cli.add_flag("--list-steps", &f.list_steps,
+               "print the forward steps (with --backward the backward steps) this GPU runs, one a line: name, "
+               "dtypes, GPUs, idea (tab-separated), and exit");
   cli.add_option("--block-mask", &f.block_mask,
                  "also run step 8 block-sparse (blocks of 128 queries x 64 keys), next to the dense steps: local:W, "
                  "strided:S, random:DENSITY[:SEED], or a uint8/bool .npy [Tr, Tc] (04's README, section 6)");
   cli.extend_help("--head-dim", "this chapter: 64, 128");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
+  if (f.list_steps) {  // before any GPU work: the scripts read the ladders from here
+    if (f.backward)
+      fa::print_steps(wsq::backward_steps());
+    else
+      fa::print_steps(wsq::forward_steps());
+    return 0;
+  }
   const fa::Dtype t = fa::parse_dtype(f.dtype);
   if (f.kernel == "none" && !f.backward)
     throw fa::UsageError("--kernel none runs no forward step: it is meant for --backward alone");

@@ -15,31 +15,9 @@
 #include "lowp.hpp"
 #include "plan.hpp"
 #include "problem.hpp"
+#include "step.hpp"
 
 namespace fdec {
-
-// The chapter's kernels, in the order the README builds them up. Every loop (program, tests, sanitizer runs) goes
-// over this one list.
-enum class Kernel {
-  fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, split_kv_even, unified_max,
-  paged
-};
-struct KernelInfo {
-  Kernel id;
-  const char* name;
-  bool packed;   // the query heads of a kv group share one read of K/V
-  bool splits;   // the keys are split across blocks (else one block walks them all, as FA2's grid does)
-  bool unified;  // FlashDecoding++'s fixed phi instead of the running max, with the fallback
-  bool paged;    // K/V come through a block table
-  int stages;    // K/V chunk buffers per warp: 2 = the next chunk is copied while this one is computed
-  bool fused_merge;  // the last split block of a row chunk merges the partials: no merge kernel
-  bool mma;          // S = Q K_j^T and P V_j on tensor cores (mma.sync), the block's rows padded to a 16-row tile
-  bool even;         // one block per SM, each taking an equal share of all the chunks (plan.hpp); splits = blocks
-  const char* summary;
-};
-const std::vector<KernelInfo>& kernels();
-// The registry entry called `name`; throws fa::UsageError listing the names.
-const KernelInfo& kernel_named(const std::string& name);
 
 // Throws fa::UsageError naming what this chapter supports (head_dim, q_len, grid limits).
 void check_supported(const fa::Problem& p);
@@ -64,20 +42,50 @@ struct Launch {
   int max_splits = 1;                  // the largest split count worth trying for this max_len
   bool evict_first = false;            // the K/V stream's L2 policy: kv_evict_first_here (README §4.6)
 };
-// max_len: the longest context of the batch. splits_override > 0 forces that split count (kernels without
-// splits always use 1). Queries the device (SM count, occupancy); throws std::runtime_error when the kernel's shared
-// memory exceeds what this GPU gives one block (the double-buffered kernels at head_dim 128 need sm_80's or sm_90's
-// 163+ KB).
-Launch plan(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
+
+// One step of the ladder as the host runs it: the `launch` of its fa::Step (common/step.hpp). What plan() and the
+// program read about the step's kernel, one named property per field (a step sets the ones it turns on: its file
+// under steps/ says which), and the step's host functions, which launch its kernel and size it.
+struct Kernel {
+  bool packed = false;       // the query heads of a kv group share one read of K/V (else one query head per block)
+  bool splits = false;       // the keys are split across blocks (else one block walks them all, as FA2's grid does)
+  bool unified = false;      // FlashDecoding++'s fixed phi instead of the running max, with the fallback
+  bool paged = false;        // K/V come through a block table
+  int stages = 1;            // K/V chunk buffers per warp: 2 = the next chunk is copied while this one is computed
+  bool fused_merge = false;  // the last split block of a row chunk merges the partials: no merge kernel
+  bool mma = false;          // S = Q K_j^T and P V_j on tensor cores (mma.sync), the block's rows padded to 16
+  bool even = false;         // one block per SM, each taking an equal share of all the chunks; splits = blocks
+  // forward() below, for this step: its kernel (and the merge kernel after it, where it has one).
+  void (*forward)(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache, void* o, float* lse,
+                  const Launch& launch, float phi, float* workspace, int* fallbacks) = nullptr;
+  // The shared memory one block of the step's kernel takes, and how many such blocks one SM holds (the occupancy
+  // API, for plan(); call it only once the bytes fit the GPU), at head_dim and a row bucket (plan.hpp).
+  int (*smem_bytes)(int head_dim, int row_bucket) = nullptr;
+  int (*blocks_per_sm)(fa::Dtype t, int head_dim, int row_bucket) = nullptr;
+};
+// name (what --kernel selects, the `kernel` column of the results), idea, Kernel, dtypes "fp16,bf16", sm_80+.
+using Step = fa::Step<Kernel>;
+
+// The chapter's steps, in the order the README builds them up (steps/v01_fa2_grid.cu .. v09_paged.cu). Every loop
+// (program, tests, sanitizer runs, --list-steps) goes over this one list.
+const std::vector<Step>& kernels();
+// The step called `name`; throws fa::UsageError listing the names.
+const Step& kernel_named(const std::string& name);
+
+// How `kernel` runs this problem. max_len: the longest context of the batch. splits_override > 0 forces that split
+// count (kernels without splits always use 1). Queries the device (SM count, occupancy); throws std::runtime_error
+// when the kernel's shared memory exceeds what this GPU gives one block (the double-buffered kernels at head_dim 128
+// need sm_80's or sm_90's 163+ KB).
+Launch plan(const Step& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
 
 // Device memory forward() needs with `splits` > 1: O_s [splits, B*H*q_len, d] and LSE_s [splits, B*H*q_len], fp32.
 size_t workspace_floats(const fa::Problem& p, int splits);
 
 // One decode step: O (dtype) and LSE (fp32). q, o: 16-bit device arrays of the dtype. fallbacks: a device int the
 // unified-max kernel adds 1 to for every split block that fell back to the running max (other kernels leave it).
-// The fused-merge kernels (split_kv_fused, split_kv_mma) count arriving split blocks in counters the library owns
-// (zeroed once, left at zero by every launch): one stream at a time.
-void forward(const KernelInfo& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache,
+// The fused-merge kernels (split_kv_fused, split_kv_mma, split_kv_even) count arriving split blocks in counters the
+// library owns (zeroed once, left at zero by every launch): one stream at a time.
+void forward(const Step& kernel, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache,
              void* o, float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks);
 
 // Whether a step streams K and V evict-first in L2 (README §4.6): plan.hpp's kv_evict_first for the step's K/V

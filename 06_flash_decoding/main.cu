@@ -10,6 +10,7 @@
 //   ./flash_decoding --kv-heads 8 --kv-len 32768 --kernel split_kv_mma,split_kv_even   the grid vs one block per SM
 //   ./flash_decoding --kernel unified_max --scale 30        large logits: the unified max falls back
 //   ./flash_decoding --q-len 4 --causal --dtype bf16        speculative decoding, bottom-right causal, bf16
+//   ./flash_decoding --list-steps                           the ladder, one step a line (what the scripts read)
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <sys/stat.h>
 
@@ -35,14 +36,14 @@ constexpr fa::Tolerance kTolLse = fa::kTolFp32Forward;  // LSE is fp32 from exac
 
 struct Flags {
   std::string kernel = "all", dtype = "fp16", kv_lens, phi = "0", l2_policy = "auto";
-  bool ragged = false, sweep_splits = false;
+  bool ragged = false, sweep_splits = false, list_steps = false;
   int splits = 0, page_size = 16;
 };
 
 // ---- parse: everything the command line asks for, checked before any device work (exit 2) ----
 struct Setup {
   fa::Dtype t = fa::Dtype::fp16;
-  std::vector<const fdec::KernelInfo*> kernels;
+  std::vector<const fdec::Step*> kernels;
   std::vector<int> lens;  // per batch entry; filled once the shape is final (after --in)
   float phi = 0.f;
   int evict_first = -1;  // --l2-policy: -1 auto (plan's choice), 1 evict-first, 0 evict-normal
@@ -68,7 +69,7 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
 Setup parse_setup(fa::Options& opts, const Flags& f) {
   Setup s;
   s.t = fa::parse_dtype(f.dtype);
-  for (const fdec::KernelInfo& k : fa::select_steps(fdec::kernels(), f.kernel))  // "all", a name, or "a,b"
+  for (const fdec::Step& k : fa::select_steps(fdec::kernels(), f.kernel))  // "all", a name, or "a,b"
     s.kernels.push_back(&fdec::kernel_named(k.name));
   char* end = nullptr;
   s.phi = std::strtof(f.phi.c_str(), &end);
@@ -226,7 +227,7 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   Inputs in;
   make_inputs(p, s, files, in);
   const int max_len = *std::max_element(s.lens.begin(), s.lens.end());
-  if (std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->paged; }))
+  if (std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->launch.paged; }))
     in.cache.build_pages(p, s.lens, f.page_size, p.seed);
   CUDA_CHECK(cudaDeviceSynchronize());
   std::printf("lengths: %s (capacity %d)\n", join(s.lens).c_str(), p.kv_len);
@@ -240,7 +241,7 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
               fa::human_bytes(double(fa::device_props().l2CacheSize)).c_str(), fdec::kEvictFirstL2s);
   // A policy forced by --l2-policy is named in the result rows' labels: "split_kv_mma@evict-normal".
   const std::string tag = s.evict_first < 0 ? "" : evict_first ? "@evict-first" : "@evict-normal";
-  auto planned = [&](const fdec::KernelInfo& k, int splits) {
+  auto planned = [&](const fdec::Step& k, int splits) {
     fdec::Launch l = fdec::plan(k, p, s.t, max_len, splits);
     l.evict_first = evict_first;
     return l;
@@ -257,9 +258,9 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   bool ok = true;
 
   // One kernel at one split count: poisoned outputs, checked, then timed.
-  auto run_one = [&](const fdec::KernelInfo& k, const fdec::Launch& l, const std::string& label) {
+  auto run_one = [&](const fdec::Step& k, const fdec::Launch& l, const std::string& label) {
     if (fdec::workspace_floats(p, l.splits) > ws.size()) ws = fa::DeviceBuffer<float>(fdec::workspace_floats(p, l.splits));
-    const fdec::Cache cache = k.paged ? in.cache.paged() : in.cache.contiguous();
+    const fdec::Cache cache = k.launch.paged ? in.cache.paged() : in.cache.contiguous();
     auto step = [&] { fdec::forward(k, p, s.t, in.q.get(), cache, o.get(), lse.get(), l, s.phi, ws.get(), fallbacks.get()); };
     o.poison(), lse.poison(), fallbacks.zero();
     if (ws.size()) ws.poison();
@@ -270,7 +271,7 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
     const Check c = check(p, s, groups, fdec::widen(s.t, ob), lo);
     std::printf("check:   %-16s splits %3d: %s; %s (bound %.3g = 2 x plain %s + floor)\n", label.c_str(), l.splits,
                 c.o.summary("O").c_str(), c.lse.summary("LSE").c_str(), c.bound, fa::dtype_name(s.t));
-    if (k.unified)
+    if (k.launch.unified)
       std::printf("         unified max (phi = %g): %d of %lld split blocks fell back to the running max\n", s.phi,
                   fallbacks.download()[0], l.blocks_unsplit * l.splits);
     ok = ok && c.ok();
@@ -278,26 +279,27 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
     if (opts.iters <= 0) return;
     // Not fa::time_kernel: FLOPs count the visible keys of each entry, and GB/s the K/V bytes alone.
     fa::ResultRow r = fa::result_row("06", label, "fwd", p);
-    r.dtype = fa::dtype_name(s.t), r.model_hbm_bytes = k.even ? fdec_model::model_hbm_bytes_even(p, s.lens, elem, l.splits)
-                                                    : fdec_model::model_hbm_bytes(p, s.lens, elem, k.packed, l.splits);
+    r.dtype = fa::dtype_name(s.t);
+    r.model_hbm_bytes = k.launch.even ? fdec_model::model_hbm_bytes_even(p, s.lens, elem, l.splits)
+                                      : fdec_model::model_hbm_bytes(p, s.lens, elem, k.launch.packed, l.splits);
     r.extra_bytes = double(fdec::workspace_floats(p, l.splits)) * 4, r.max_abs_err = c.o.max_abs;
     r.ms = fa::time_ms(step, opts.warmup, opts.iters);
     r.tflops = fa::tflops(flops, r.ms), r.gbps = fa::gbps(kv, r.ms);
     rows.push_back(r);
   };
 
-  for (const fdec::KernelInfo* k : s.kernels) {
+  for (const fdec::Step* k : s.kernels) {
     const fdec::Launch l = planned(*k, f.splits);
-    if (k->even)
+    if (k->launch.even)
       std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d blocks%s, the chunks of all of them "
                   "dealt evenly\n", k->name, l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits,
                   f.splits ? " (--splits)" : " (one per SM)");
     else
       std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d split(s) of %d keys%s\n", k->name,
                   l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits, fdec::split_len(max_len, l.splits),
-                  f.splits ? " (--splits)" : k->splits ? " (heuristic)" : "");
+                  f.splits ? " (--splits)" : k->launch.splits ? " (heuristic)" : "");
     run_one(*k, l, k->name + tag);
-    if (f.sweep_splits && k->splits)
+    if (f.sweep_splits && k->launch.splits)
       for (int sp = 1; sp <= l.max_splits; ++sp) {
         const fdec::Launch ls = planned(*k, sp);
         const bool chosen = sp == fdec::plan(*k, p, s.t, max_len, 0).splits;
@@ -325,7 +327,7 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
 // Device bytes: Q, O (16-bit), LSE, the 16-bit K and V cache (twice for the paged kernel's copy), the split
 // workspace at the largest split (or split_kv_even block) count.
 double device_bytes(const fa::Problem& p, const Setup& s) {
-  const bool paged = std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->paged; });
+  const bool paged = std::any_of(s.kernels.begin(), s.kernels.end(), [](auto* k) { return k->launch.paged; });
   return 2.0 * 2 * p.q_elems() + 4.0 * p.lse_elems() + 2.0 * 2 * p.kv_elems() * (paged ? 2 : 1) +
          4.0 * double(fdec::workspace_floats(p, std::max(fdec::kMaxSplits, fdec::kMaxEvenBlocks)));
 }
@@ -342,8 +344,10 @@ int main(int argc, char** argv) try {
               "fp16/bf16, every kernel checked against the fp64 reference and timed next to a read-only ceiling.",
               defaults);
   cli.add_option("--kernel", &f.kernel,
-                 "kernels to run: fa2_grid, split_kv, split_kv_gqa, split_kv_pipelined, split_kv_fused, split_kv_mma, "
-                 "split_kv_even, unified_max, paged, a comma-separated list, or all");
+                 "kernels to run: " + fa::step_names(fdec::kernels()) + ", a comma-separated list, or all");
+  cli.add_flag("--list-steps", &f.list_steps,
+               "print the steps (the kernels in ladder order), one a line: name, dtypes, GPUs, idea (tab-separated), "
+               "and exit");
   cli.add_option("--dtype", &f.dtype, "fp16 or bf16 (Q, K, V, O; LSE is fp32)");
   cli.add_option("--kv-lens", &f.kv_lens, "context length of each batch entry, e.g. 4096,17,0,1 (default: all --kv-len)");
   cli.add_flag("--ragged", &f.ragged, "draw each entry's context length uniformly from 0..kv-len (entry 0 keeps kv-len)");
@@ -360,6 +364,10 @@ int main(int argc, char** argv) try {
   cli.extend_help("--head-dim", "this chapter: 64, 128");
   fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
+  if (f.list_steps) {  // before any GPU work: the scripts read the ladder from here
+    fa::print_steps(fdec::kernels());
+    return 0;
+  }
   Setup s = parse_setup(opts, f);
 
   // 2. The problem (from the flags or the --in files), this chapter's limits, the context lengths, the inputs

@@ -46,12 +46,13 @@ float parse_float(const std::string& value, const std::string& flag) {
 Cli::Cli(std::string program, std::string description, Options defaults)
     : program_(std::move(program)), description_(std::move(description)), opts_(std::move(defaults)) {
   Problem& p = opts_.problem;
-  add("--batch", Kind::Int, &p.batch, "batch size B");
-  add("--heads", Kind::Int, &p.heads, "query heads H");
+  // A shape is at least 1 in every dimension; kv-heads and kv-len take 0 for "auto".
+  add("--batch", Kind::Int, &p.batch, "batch size B").min = 1;
+  add("--heads", Kind::Int, &p.heads, "query heads H").min = 1;
   add("--kv-heads", Kind::Int, &p.kv_heads, "key/value heads Hkv (divides H; auto = H)").automatic = true;
-  add("--q-len", Kind::Int, &p.q_len, "query length Nq");
+  add("--q-len", Kind::Int, &p.q_len, "query length Nq").min = 1;
   add("--kv-len", Kind::Int, &p.kv_len, "key/value length Nk (auto = Nq)").automatic = true;
-  add("--head-dim", Kind::Int, &p.head_dim, "head dimension d");
+  add("--head-dim", Kind::Int, &p.head_dim, "head dimension d").min = 1;
   add("--causal", Kind::Flag, &p.causal, "causal mask, bottom-right aligned (key j <= i + Nk - Nq)");
   add("--scale", Kind::Float, &p.scale, "softmax scale (auto = 1/sqrt(d))").automatic = true;
   add("--dropout", Kind::Float, &p.dropout_p, "dropout probability p in [0, 1)");

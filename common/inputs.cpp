@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -64,6 +65,24 @@ HostTensors large_logit_inputs(const Problem& p, bool backward) {
   Rng rng(p.seed * 4 + 5);
   for (std::vector<float>* x : {&t.q, &t.k})
     for (float& e : *x) e = float(int(rng.uniform() * (2 * kMax + 1)) - kMax);
+  return t;
+}
+
+HostTensors wide_logit_inputs(const Problem& p, bool backward) {
+  HostTensors t = random_inputs(p, backward);
+  t.q = random_normal<float>(p.q_elems(), p.seed * 4 + 6, 0.0, 40.0);
+  t.k = random_normal<float>(p.kv_elems(), p.seed * 4 + 7, 0.0, 40.0);
+  return t;
+}
+
+HostTensors outlier_inputs(const Problem& p, bool backward) {
+  constexpr size_t kEvery = 1000;  // one outlier per this many elements
+  constexpr float kFactor = 100.f;
+  HostTensors t = random_inputs(p, backward);
+  Rng rng(p.seed * 4 + 8);
+  for (std::vector<float>* x : {&t.q, &t.k, &t.v})
+    for (size_t n = 0; n < std::max<size_t>(1, x->size() / kEvery); ++n)
+      (*x)[size_t(rng.uniform() * double(x->size())) % x->size()] *= kFactor;
   return t;
 }
 

@@ -23,6 +23,13 @@ HostTensors random_inputs(const Problem& p, bool backward);
 // their sums are exact in fp32 (|sum| < 2^24) and 1/sqrt(d) is a power of two for d = 16, 64, 256,
 // so S itself carries no rounding and the stated fp32 tolerances still apply.
 HostTensors large_logit_inputs(const Problem& p, bool backward);
+// Ill-conditioned inputs as real activations can be: q and k from N(0, 40^2), so the logits reach the hundreds
+// and, unlike large_logit_inputs, S is not exact in fp32: even a plain fp32 attention is off by ~3e-4 (the
+// error rule of testing.hpp is what lets a correct kernel pass here).
+HostTensors wide_logit_inputs(const Problem& p, bool backward);
+// N(0.5, 1) inputs with a few huge entries: one element in 1000 of q, k and v (at least one each) is 100 times
+// larger, as the outlier features of a trained model are.
+HostTensors outlier_inputs(const Problem& p, bool backward);
 
 // The problem to run: opts.problem (checked by Cli::parse), or with --in the shape of q.npy, k.npy,
 // v.npy (and do.npy): headers, dtype, rank and shapes checked against each other, and a shape flag

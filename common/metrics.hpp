@@ -25,18 +25,23 @@ struct ErrorReport {
   size_t first_bad = 0;
   double first_got = 0, first_ref = 0;
   double err2 = 0, ref2 = 0;  // sums behind rel_fro, so reports of several pieces can be merged
+  // Where the error rule was applied (program.hpp's checks): the largest error of the plain same-dtype attention
+  // on the same elements, the yardstick the kernel's error is allowed twice of (plus a floor); -1 where not.
+  double plain_max_abs = -1;
   bool ok() const { return n_bad == 0; }
   // Merge the report of a further piece (its indices counted after this one's).
   ErrorReport& operator+=(const ErrorReport& o) {
     if (o.n_bad && !n_bad) first_bad = n + o.first_bad, first_got = o.first_got, first_ref = o.first_ref;
     n += o.n, n_bad += o.n_bad, err2 += o.err2, ref2 += o.ref2;
     max_abs = std::max(max_abs, o.max_abs);
+    plain_max_abs = std::max(plain_max_abs, o.plain_max_abs);
     rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
     return *this;
   }
   std::string summary(const std::string& what) const {
     std::ostringstream s;
     s << what << ": max_abs_err " << max_abs << ", rel_fro_err " << rel_fro;
+    if (plain_max_abs >= 0) s << " (a plain attention of the same dtype: max_abs_err " << plain_max_abs << ")";
     if (n_bad)
       s << ", " << n_bad << " of " << n << " out of tolerance, first at index " << first_bad
         << " (got " << first_got << ", expected " << first_ref << ")";

@@ -138,9 +138,12 @@ NpyHeader read_header(const std::string& path, bool bytes) {
   for (size_t d : h.shape) want *= d;
   f.seekg(0, std::ios::end);
   const size_t have = size_t(f.tellg()) - h.data_offset;
-  if (want != (long double)have)
-    throw UsageError(path + ": shape " + shape_str(h.shape) + " needs " + std::to_string((unsigned long long)want) +
-                     " bytes of data, the file holds " + std::to_string(have));
+  if (want != (long double)have) {
+    char need[64];  // the count may pass 2^64: printed from the long double, not through an integer
+    std::snprintf(need, sizeof need, "%.0Lf", want);
+    throw UsageError(path + ": shape " + shape_str(h.shape) + " needs " + need + " bytes of data, the file holds " +
+                     std::to_string(have));
+  }
   return h;
 }
 }  // namespace

@@ -3,10 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 
 #include "npy.hpp"
 #include "reference.hpp"
@@ -26,10 +30,17 @@ std::vector<size_t> kv_shape(const Problem& p) {
   return {size_t(p.batch), size_t(p.kv_heads), size_t(p.kv_len), size_t(p.head_dim)};
 }
 
-// Can this process create files in `dir` (an existing folder)?
+// A folder this process can create files in. Tried, not asked of access(): root passes access(W_OK) everywhere,
+// also on folders no file can be created in (/proc, a read-only mount).
 bool writable_dir(const std::string& dir) {
   struct stat st{};
-  return stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && access(dir.c_str(), W_OK | X_OK) == 0;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  std::string probe = dir + "/.fa_write_probe_XXXXXX";
+  const int fd = mkstemp(probe.data());
+  if (fd < 0) return false;
+  close(fd);
+  unlink(probe.c_str());
+  return true;
 }
 
 // The folder a path lies in ("." for a bare name).
@@ -41,6 +52,17 @@ std::string parent_of(const std::string& path) {
 void make_dir(const std::string& dir) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw std::runtime_error("cannot create folder " + dir + " (" + std::strerror(errno) + ")");
+}
+
+// The fp32 chapters' error rule (testing.hpp) on n elements of one output: `plain` is the plain fp32 attention's
+// value of each, and a kernel's element passes when |got - ref| <= 2 max|plain - ref| + tol.atol + tol.rtol |ref|.
+ErrorReport compare_by_rule(const float* got, const double* ref, const float* plain, size_t n, Tolerance tol) {
+  double plain_err = 0;
+  for (size_t e = 0; e < n; ++e)
+    if (std::isfinite(ref[e])) plain_err = std::max(plain_err, std::fabs(double(plain[e]) - ref[e]));
+  ErrorReport r = compare(got, ref, n, Tolerance{tol.atol + 2 * plain_err, tol.rtol});
+  r.plain_max_abs = plain_err;
+  return r;
 }
 
 // Rows [i0, i1) of head (b, h).
@@ -117,15 +139,18 @@ ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::ve
     std::vector<double> ro(size_t(rows) * d), rl(rows);
     reference_forward_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), ro.data(), rl.data(), nullptr,
                            mask);
-    total += compare(o.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * d, ro.data(), ro.size(), tol);
-    total += compare(lse.data() + p.lse_offset(c.b, c.h) + c.i0, rl.data(), rl.size(), kTolLse);
+    std::vector<float> po(ro.size()), pl(rows);
+    plain_fp32_forward_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), po.data(), pl.data(), mask);
+    total += compare_by_rule(o.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * d, ro.data(), po.data(), ro.size(), tol);
+    total += compare_by_rule(lse.data() + p.lse_offset(c.b, c.h) + c.i0, rl.data(), pl.data(), rl.size(), kTolLse);
   }
   return total;
 }
 
 ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::vector<float>& dq,
                            const std::vector<float>& dk, const std::vector<float>& dv, Tolerance tol,
-                           std::string* what_checked, const BlockMask* mask) {
+                           std::string* what_checked, const BlockMask* mask, const PlainBackward* plain) {
+  if (plain && mask) throw std::invalid_argument("check_backward: a plain backward of its own takes no block mask");
   const double per_group = double(p.q_len) * p.kv_len * p.head_dim * 4 * p.group();
   std::vector<std::pair<int, int>> groups = {{0, 0}};
   if (p.batch * p.kv_heads > 1) groups.push_back({p.batch - 1, p.kv_heads - 1});
@@ -136,7 +161,14 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
     for (const Piece& c : pieces) {
       std::vector<double> rq(size_t(c.i1 - c.i0) * p.head_dim);
       reference_dq_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq.data(), mask);
-      total += compare(dq.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * p.head_dim, rq.data(), rq.size(), tol);
+      std::vector<float> pq(rq.size());
+      if (plain)
+        plain->dq_rows(c.b, c.h, c.i0, c.i1, pq.data());
+      else
+        plain_fp32_dq_rows(p, c.b, c.h, c.i0, c.i1, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), pq.data(),
+                           mask);
+      total += compare_by_rule(dq.data() + p.q_offset(c.b, c.h) + size_t(c.i0) * p.head_dim, rq.data(), pq.data(),
+                               rq.size(), tol);
     }
     *what_checked = "dQ of " + describe_sample(pieces) +
                     "; dK, dV not checked at this size (each needs every query row: the GPU tests cover them)";
@@ -149,9 +181,15 @@ ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::v
     std::vector<double> rq(dq_n), rk(kv_n), rv(kv_n);
     reference_backward_group(p, b, hk, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), rq.data(), rk.data(),
                              rv.data(), mask);
-    total += compare(dq.data() + p.q_offset(b, hk * p.group()), rq.data(), dq_n, tol);
-    total += compare(dk.data() + p.kv_offset(b, hk), rk.data(), kv_n, tol);
-    total += compare(dv.data() + p.kv_offset(b, hk), rv.data(), kv_n, tol);
+    std::vector<float> pq(dq_n), pk(kv_n), pv(kv_n);
+    if (plain)
+      plain->group(b, hk, pq.data(), pk.data(), pv.data());
+    else
+      plain_fp32_backward_group(p, b, hk, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), pq.data(),
+                                pk.data(), pv.data(), mask);
+    total += compare_by_rule(dq.data() + p.q_offset(b, hk * p.group()), rq.data(), pq.data(), dq_n, tol);
+    total += compare_by_rule(dk.data() + p.kv_offset(b, hk), rk.data(), pk.data(), kv_n, tol);
+    total += compare_by_rule(dv.data() + p.kv_offset(b, hk), rv.data(), pv.data(), kv_n, tol);
   }
   return total;
 }

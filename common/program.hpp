@@ -3,6 +3,7 @@
 //   against fp64 -> write .npy -> report rows -> verdict; and, in main's catch, the exit code.
 #pragma once
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,15 +29,26 @@ void write_backward_outputs(const std::string& dir, const Problem& p, const std:
 
 // Forward check against the fp64 reference: every row when the reference is cheap, otherwise
 // sampled rows (first, middle, last) of the first and last head. o and lse are the whole outputs.
-// O uses `tol`, LSE kTolLse (testing.hpp). `mask`: a block-sparse run's mask (the reference applies it too).
+// The error rule of testing.hpp: an element passes when its error is at most twice the largest error of the plain
+// fp32 attention on the same rows, plus a floor: `tol` for O, kTolLse for LSE. `mask`: a block-sparse run's mask
+// (the reference applies it too).
 ErrorReport check_forward(const Problem& p, const HostTensors& in, const std::vector<float>& o,
                           const std::vector<float>& lse, Tolerance tol, std::string* what_checked,
                           const BlockMask* mask = nullptr);
+// The plain backward the rule measures a backward against, in the kernels' own dtype: dQ, dK, dV of kv group
+// (b, hk) ([group, q_len, d] and [kv_len, d] each), and dQ of rows [i0, i1) of head (b, h) alone. Unset: the plain
+// fp32 backward of reference.hpp (chapters 00-04); chapter 05 passes its plain fp16/bf16 one.
+struct PlainBackward {
+  std::function<void(int b, int hk, float* dq, float* dk, float* dv)> group;
+  std::function<void(int b, int h, int i0, int i1, float* dq)> dq_rows;
+};
 // Backward check of dQ, dK, dV of the first and last kv group; where that would take the fp64
-// reference too long, of dQ on the sampled rows of check_forward alone (what_checked says which).
+// reference too long, of dQ on the sampled rows of check_forward alone (what_checked says which). The same rule,
+// against the plain backward of each gradient, with `tol` the floor.
 ErrorReport check_backward(const Problem& p, const HostTensors& in, const std::vector<float>& dq,
                            const std::vector<float>& dk, const std::vector<float>& dv, Tolerance tol,
-                           std::string* what_checked, const BlockMask* mask = nullptr);
+                           std::string* what_checked, const BlockMask* mask = nullptr,
+                           const PlainBackward* plain = nullptr);
 
 // Prints the rows as a table and appends them to opts.csv if given.
 void report_rows(const Options& opts, const std::vector<ResultRow>& rows);

@@ -49,6 +49,17 @@ void reference_backward(const Problem& p, const float* q, const float* k, const 
                         const float* dout, std::vector<double>& dq, std::vector<double>& dk,
                         std::vector<double>& dv, const BlockMask* mask = nullptr);
 
+// The plain fp32 attention: the same definition with every intermediate rounded to fp32 (S, the row max and sum,
+// P, the products), as a straightforward fp32 implementation computes it. Its error against the reference is
+// the yardstick of the fp32 chapters' error rule (testing.hpp): a kernel may be off by at most twice as much,
+// plus a floor, so an ill-conditioned input (large logits) that no fp32 attention gets closer is not a failure.
+void plain_fp32_forward_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
+                             const float* v, float* o, float* lse, const BlockMask* mask = nullptr);
+void plain_fp32_backward_group(const Problem& p, int b, int hk, const float* q, const float* k, const float* v,
+                               const float* dout, float* dq, float* dk, float* dv, const BlockMask* mask = nullptr);
+void plain_fp32_dq_rows(const Problem& p, int b, int h, int i0, int i1, const float* q, const float* k,
+                        const float* v, const float* dout, float* dq, const BlockMask* mask = nullptr);
+
 // Row softmax of x [rows, cols] (no scale, no mask), the building block chapter 01 studies.
 void reference_softmax(const float* x, int rows, int cols, double* y);
 

@@ -3,10 +3,14 @@
 schedules. docs/plot.py calls draw_all(), so `python3 docs/plot.py` regenerates these with the data plots;
 `python3 docs/figures.py [OUT_DIR]` draws only these.
 """
+import argparse
 import os
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("docs/figures.py needs matplotlib: apt-get install python3-matplotlib (Debian/Ubuntu) or pip install matplotlib")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -118,5 +122,8 @@ def draw_all(out_dir):
 
 
 if __name__ == "__main__":
-    for p in draw_all(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "figures")):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir", nargs="?", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures"),
+                    help="folder the PNGs are written to (default: docs/figures)")
+    for p in draw_all(ap.parse_args().out_dir):
         print(f"wrote {p}")

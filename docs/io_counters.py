@@ -14,8 +14,12 @@ docs/io.md. docs/plot.py calls draw() too, so `python3 docs/plot.py` redraws thi
 import argparse
 import csv
 import os
+import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("docs/io_counters.py needs matplotlib: apt-get install python3-matplotlib (Debian/Ubuntu) or pip install matplotlib")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -111,6 +115,8 @@ def main():
     ap.add_argument("--results", default=os.path.join(here, "results"), help="folder of *_io.csv files")
     ap.add_argument("--out", default=os.path.join(here, "figures"), help="folder the PNGs are written to")
     args = ap.parse_args()
+    if not os.path.isdir(args.results):
+        ap.error(f"--results {args.results}: no such folder")
     import plot  # the GPU's short name and the chapters' colours, as in every other figure
 
     paths = io_csvs(args.results)

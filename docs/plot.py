@@ -42,7 +42,10 @@ import re
 import sys
 from collections import OrderedDict, defaultdict
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("docs/plot.py needs matplotlib: apt-get install python3-matplotlib (Debian/Ubuntu) or pip install matplotlib")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -99,8 +102,16 @@ LABELS = {
     ("torch", "sdpa_efficient"): "PyTorch SDPA, memory-efficient backend",
     ("torch", "sdpa_math"): "PyTorch SDPA, math backend",
 }
-CHAPTER_COLORS = {"00": "tab:red", "01": "tab:orange", "02": "tab:olive", "03": "tab:brown", "04": "tab:blue",
-                  "05": "tab:purple", "06": "tab:cyan", "torch": "black"}
+
+
+def chapter_colors(path=os.path.join(HERE, "..", "scripts", "chapters.tsv")):
+    """Each chapter's colour, from the project's one list of chapters (its id and colour columns)."""
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line[:1].isdigit()]
+    return {r[0]: r[6] for r in rows}
+
+
+CHAPTER_COLORS = {**chapter_colors(), "torch": "black"}
 
 # Ceilings from the GPU's spec sheet, keyed by the short name. Measured ceilings come from the CSV itself
 # (the copy row of chapter 01, the read-only row of chapter 06); see docs/roofline.md for the sources.
@@ -689,13 +700,15 @@ def main():
     ap.add_argument("--readme-table", action="store_true", help="print the top README's results table (markdown)")
     ap.add_argument("--io-table", action="store_true", help="print docs/io.md's table of model and DRAM bytes")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    if not os.path.isdir(args.results):
+        ap.error(f"--results {args.results}: no such folder")
     io_files = io_counters.io_csvs(args.results)
     csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results)
                   if f.endswith(".csv") and not f.endswith(step_counters.SUFFIX)
                   and os.path.join(args.results, f) not in io_files)
     if not csvs:
         raise SystemExit(f"no .csv files in {args.results}")
+    os.makedirs(args.out, exist_ok=True)
     written = []
     for c in csvs:
         written += plot_csv(c, args.out, args.roofline_table, args.readme_table)

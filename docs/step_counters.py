@@ -112,7 +112,7 @@ BWD_COLUMNS = COLUMNS + [
     ("L2 atomic sectors (M)", [ATOMICS[2], ATOMICS[3]], 1e-6, 1),
 ]
 MODES = ["atomic_dq", "determ_dq"]  # the program's order; its check lines name <step>_<mode>
-KV_KERNEL, DQ_KERNEL = "kv_kernel", "dq_kernel"  # every step's K/V-block kernel; bwd_dq.cu's, shared by every step
+KV_KERNEL, DQ_KERNEL = "kv_kernel", "dq_kernel"  # every step's K/V-block kernel; backward/bwd_dq.cu's, shared by every step
 DQ_ROW = "/dq_kernel"  # the deterministic mode's dQ kernel: <step>/determ_dq/dq_kernel
 # Per backward step, the counters that should explain its gain over the step before it, as BACKWARD.md (sections 3
 # and 5) words it: step -> [(column of BWD_COLUMNS, the counter, what it should show), ...]. A step not here (a newer
@@ -378,12 +378,15 @@ def report(rows):
 
 
 def read_csv(path):
-    with open(path, newline="") as f:
-        r = csv.reader(f)
-        head = next(r, None)
-        if head != ["gpu", "step", "d", "metric", "value", "unit"]:
-            raise Error(f"{path}: not a {SUFFIX} file (header {head})")
-        return [row for row in r if row]
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            r = csv.reader(f)
+            head = next(r, None)
+            if head != ["gpu", "step", "d", "metric", "value", "unit"]:
+                raise Error(f"{path}: not a {SUFFIX} file (header {head})")
+            return [row for row in r if row]
+    except UnicodeDecodeError:
+        raise Error(f"{path}: not a {SUFFIX} file (not text)") from None
 
 
 def collect(args):

@@ -3,8 +3,8 @@
 # reports, with PyTorch SDPA as the outside baseline, all in one CSV in the project's row format.
 # Run it on a GPU machine after building (see README.md):
 #   scripts/measure.sh [--chapters LIST] [BUILD_DIR] [CSV]   default: all, build, docs/results/<gpu>.csv
-#   LIST: chapters to measure, e.g. 05,06 (00 01 02 03 04 05 05bwd 06; 04 includes the fp32 PyTorch rows; 05: every
-#         forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
+#   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd (04 includes the fp32
+#         PyTorch rows; 05: every forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
 #         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN)
 # Each command is echoed before it runs, so a README can quote it, with a progress line (step k/N).
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
@@ -14,7 +14,7 @@
 # which 05bwd about 9 with steps 7 and 8 at every N; estimated: 05fwd a few).
 set -uo pipefail
 usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
-CHAPTERS=00,01,02,03,04,05,05bwd,06
+CHAPTERS=""  # default: every chapter of scripts/chapters.tsv, and 05bwd
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
   --chapters)
@@ -23,22 +23,29 @@ case "${1:-}" in
     shift 2 ;;
   -*) echo "measure.sh: unknown option '$1'; see --help" >&2; exit 2 ;;
 esac
+cd "$(dirname "$0")/.."
+# The chapters (scripts/chapters.tsv): id -> "folder/program"
+declare -A PROGRAM
+while IFS=$'\t' read -r id folder program _; do
+  [[ $id =~ ^[0-9] ]] && PROGRAM[$id]=$folder/$program
+done < scripts/chapters.tsv
+[ -n "$CHAPTERS" ] || CHAPTERS=$(printf '%s\n' "${!PROGRAM[@]}" 05bwd | sort | paste -sd,)
 for c in ${CHAPTERS//,/ }; do
-  [[ $c =~ ^(0[0-6]|05fwd|05bwd)$ ]] || { echo "measure.sh: --chapters: '$c' is not one of 00 .. 06, 05bwd, 05fwd" >&2; exit 2; }
+  [[ -n ${PROGRAM[$c]:-} || $c =~ ^(05fwd|05bwd)$ ]] ||
+    { echo "measure.sh: --chapters: '$c' is not a chapter of scripts/chapters.tsv ($(printf '%s\n' "${!PROGRAM[@]}" | sort | tr '\n' ' ')) nor 05bwd, 05fwd" >&2; exit 2; }
 done
 [ $# -le 2 ] || { echo "measure.sh: at most two arguments (BUILD_DIR, CSV); see --help" >&2; exit 2; }
-cd "$(dirname "$0")/.."
 B=${1:-build}
 if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   echo "measure.sh: no NVIDIA GPU found (nvidia-smi lists none): there is nothing to measure here." >&2
   echo "The numbers measured on a named GPU are in docs/results/ (scripts/tour.sh shows them)." >&2
   exit 1
 fi
-for prog in 00_naive/naive 01_online_softmax/online_softmax 02_fa1_forward/fa1_forward 03_fa1_backward/fa1_backward \
-            04_fa2/fa2 05_warp_split_q/warp_split_q 06_flash_decoding/flash_decoding; do
-  chosen=${CHAPTERS//05fwd/05}
-  [[ ",${chosen//05bwd/05}," == *",${prog:0:2},"* ]] || continue
-  [ -x "$B/$prog" ] || { echo "measure.sh: $B/$prog not found: build first (README, Quick start)" >&2; exit 1; }
+chosen=${CHAPTERS//05fwd/05}
+chosen=${chosen//05bwd/05}
+for id in "${!PROGRAM[@]}"; do
+  [[ ",$chosen," == *",$id,"* ]] || continue
+  [ -x "$B/${PROGRAM[$id]}" ] || { echo "measure.sh: $B/${PROGRAM[$id]} not found: build first (README, Quick start)" >&2; exit 1; }
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 slug=$(echo "${gpu:-unknown}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
@@ -52,9 +59,12 @@ trap 'mv "$TMP" "$CSV.partial"; echo "== measure: interrupted; the rows so far a
 have_torch=0
 python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && have_torch=1
 # The Hopper steps exist on an sm_90 GPU of a build with them (05_warp_split_q/README.md, section 3).
+# The registry's sm_90a steps, as the program lists them (--list-steps: name, dtypes, arch, idea).
 HOPPER_STEPS=""
-if [[ ",$CHAPTERS," == *",05fwd,"* ]] && "$B/05_warp_split_q/warp_split_q" --help 2>/dev/null | grep -q "v9_wgmma_tma, v10_pingpong"; then
-  HOPPER_STEPS=",v9_wgmma_tma,v10_pingpong"
+if [[ ",$CHAPTERS," == *",05fwd,"* ]]; then
+  for s in $("$B/05_warp_split_q/warp_split_q" --list-steps 2>/dev/null | awk -F'\t' '$3 == "sm_90a" { print $1 }'); do
+    HOPPER_STEPS+=",$s"
+  done
 fi
 steps=()
 # add CHAPTER COMMAND: queue COMMAND if CHAPTER was chosen (--chapters); "torch" steps need PyTorch with CUDA
@@ -164,6 +174,12 @@ for shape in "1 8" "1 32" "8 8" "8 32"; do  # the K/V stream's L2 policy forced 
   for policy in evict-first evict-normal; do
     add 06 "$B/06_flash_decoding/flash_decoding --batch $b --heads 32 --kv-heads $hkv --kv-len 32768 --head-dim 128 --kernel split_kv_mma --l2-policy $policy --iters 10 --warmup 2"
   done
+done
+# A chapter of scripts/chapters.tsv with no measurements of its own above: its program on its defaults.
+for id in $(printf '%s\n' "${!PROGRAM[@]}" | sort); do
+  if [[ ",$CHAPTERS," == *",$id,"* ]] && ! printf '%s\n' "${steps[@]}" | grep -qE "/${PROGRAM[$id]}( |\$)"; then
+    add "$id" "$B/${PROGRAM[$id]}"
+  fi
 done
 
 rc=0

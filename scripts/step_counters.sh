@@ -69,7 +69,7 @@ if [ -n "$BACKWARD" ]; then
   # --kernel none: no forward step is checked, but the program still runs chapter 04's forward_kernel once and the
   # last forward step's `kernel` once (it makes O and LSE). Then, per backward step and dQ mode, in --bwd-kernel's
   # order: rowsum_do_o_kernel (D), a memset of dQ (atomic mode), the step's kv_kernel, and in deterministic mode
-  # bwd_dq.cu's dq_kernel. The filter takes exactly kv_kernel and dq_kernel (not 04's backward_kv_kernel, which
+  # backward/bwd_dq.cu's dq_kernel. The filter takes exactly kv_kernel and dq_kernel (not 04's backward_kv_kernel, which
   # does not run here anyway); the parser checks their order: kv, kv, dq per step.
   RUN="--kernel none --no-previous --backward --bwd-kernel all --iters 0 --dtype fp16"
   FILTER='regex:(^|[^a-z_])(kv|dq)_kernel([^a-z0-9_]|$)'

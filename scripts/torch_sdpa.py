@@ -43,15 +43,36 @@ class Case(collections.namedtuple("Case", "prog flags dtype shape causal outputs
     (None: every entry sees all Nk keys)."""
 
 
+Chapter = collections.namedtuple("Chapter", "id folder program dtypes head_dim backward")
+
+
+def read_chapters(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "chapters.tsv")):
+    """The chapters of scripts/chapters.tsv (the project's one list), in reading order."""
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line[:1].isdigit()]
+    return [Chapter(r[0], r[1], r[2], r[3].split(","), int(r[4]), r[5]) for r in rows]
+
+
+CHAPTERS = read_chapters()
+
+
+def program_of(c):
+    return f"{c.folder}/{c.program}"
+
+
+def outputs_of(c):
+    return FORWARD if c.backward == "no" else ALL
+
+
+def flags_of(c):
+    return ["--backward"] if c.backward == "flag" else []
+
+
 # Both shapes have GQA, Nq != Nk and lengths that are not tile multiples; causal is bottom-right aligned.
+# The fp32 chapters (00-04), every one of them on this shape, causal and not.
 FP32_SHAPE = (2, 4, 2, 97, 203, 64)
-CASES = [Case(prog, flags, "fp32", FP32_SHAPE, causal, outputs)
-         for causal in (False, True)
-         for prog, flags, outputs in (("00_naive/naive", ["--backward"], ALL),
-                                      ("01_online_softmax/online_softmax", [], FORWARD),
-                                      ("02_fa1_forward/fa1_forward", [], FORWARD),
-                                      ("03_fa1_backward/fa1_backward", [], ALL),
-                                      ("04_fa2/fa2", ["--backward"], ALL))]
+CASES = [Case(program_of(c), flags_of(c), "fp32", FP32_SHAPE, causal, outputs_of(c))
+         for causal in (False, True) for c in CHAPTERS if c.dtypes == ["fp32"]]
 # Chapter 05 (head_dim 64 or 128): every forward step and every backward step run; the files hold the last
 # forward step's O and LSE and the last backward step's deterministic-dQ gradients.
 CASES += [Case("05_warp_split_q/warp_split_q", ["--dtype", dtype, "--backward"], dtype, (2, 4, 2, 97, 203, d),
@@ -68,6 +89,11 @@ CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", dtype], dtype, (2
                                        ("bf16", 4, 128, True))]
 CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", "fp16"], "fp16", (3, 8, 2, 4, 203, 64), True,
                FORWARD, (203, 3, 0))]
+# A later low-precision chapter with no cases of its own above: each dtype on the fp32 shape at its head_dim.
+CASES += [Case(program_of(c), ["--dtype", dtype] + flags_of(c), dtype, FP32_SHAPE[:5] + (c.head_dim,), causal,
+               outputs_of(c))
+          for c in CHAPTERS if c.dtypes != ["fp32"] and c.id not in ("05", "06")
+          for dtype in c.dtypes for causal in (False, True)]
 
 # Tolerances: |got - torch| <= atol + rtol |torch| element-wise, torch being float64 SDPA on the values the
 # program computed with. The inputs are N(0, 1): S ~ N(0, 1) at scale d^-1/2 and every row sees 107 to 203 keys,
@@ -82,10 +108,10 @@ CASES += [Case("06_flash_decoding/flash_decoding", ["--dtype", "fp16"], "fp16", 
 #     |v|, ~0.8, never above max |v| ~ 4.5). Worst case 5.5u with every error of one sign; atol 4f = 8u, while a
 #     wrong head, mask or scale moves O by 0.1 or more. Chapter 06 keeps P in fp32: only the final rounding.
 #   LSE, fp32 from exact products of dtype values (exp/log to ~2^-22): ~1e-6 relative, ~1e-5 at |LSE| = 10;
-#     chapter 05's own rule (check.hpp) atol 1e-4 + rtol 1e-5 leaves >5x; leaving out one key moves LSE by
+#     chapter 05's own rule (forward/check.hpp) atol 1e-4 + rtol 1e-5 leaves >5x; leaving out one key moves LSE by
 #     its weight P_ij, ~3e-3.
 #   dQ, dK, dV, fp32 from dtype inputs (P and dS rounded to the dtype for the tensor-core products, O read in
-#     the dtype): chapter 05's program rule (bwd_program.cuh) atol 8f + rtol 2f, its plain backward erring by
+#     the dtype): chapter 05's program rule (backward/bwd_program.cuh) atol 8f + rtol 2f, its plain backward erring by
 #     1-5 f. The program's own fp64 check uses the same rule, so only a semantic difference fails here: a wrong
 #     head, mask or transposition moves the largest gradients by about their size, above bf16's 8f = 0.0625.
 LOWP_FLOOR = {"fp16": 2.0**-10, "bf16": 2.0**-7}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tour: every chapter program on its defaults, then one summary table of all their rows.
+# The tour: every chapter program (scripts/chapters.tsv) on its defaults, then one summary table of all their rows.
 #   scripts/tour.sh [BUILD_DIR]     default BUILD_DIR: build (configure and build first, see README.md)
 # Without an NVIDIA GPU nothing can run: the tour says so and shows the results committed in
 # docs/results/ for a named GPU instead (exit 0). Exit 1 if a program fails, 2 on bad usage.
@@ -41,10 +41,11 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   exit 0
 fi
 
+# Every chapter of scripts/chapters.tsv (folder and program: its 2nd and 3rd columns), in reading order.
+mapfile -t CHAPTERS < <(awk -F'\t' '/^[0-9]/ { print $2 "/" $3 }' scripts/chapters.tsv)
 found=0
-for entry in 00_naive:naive 01_online_softmax:online_softmax 02_fa1_forward:fa1_forward \
-             03_fa1_backward:fa1_backward 04_fa2:fa2; do
-  [ -x "$BUILD/${entry%%:*}/${entry##*:}" ] && found=$((found + 1))
+for prog in "${CHAPTERS[@]}"; do
+  [ -x "$BUILD/$prog" ] && found=$((found + 1))
 done
 [ "$found" -gt 0 ] || { echo "tour.sh: no chapter program in $BUILD: build first (README, Quick start)" >&2; exit 1; }
 
@@ -52,13 +53,11 @@ CSV="$BUILD/tour.csv"
 rm -f "$CSV"
 rc=0
 k=0
-for entry in 00_naive:naive 01_online_softmax:online_softmax 02_fa1_forward:fa1_forward \
-             03_fa1_backward:fa1_backward 04_fa2:fa2; do
-  dir=${entry%%:*} prog=${entry##*:}
-  [ -x "$BUILD/$dir/$prog" ] || continue
+for prog in "${CHAPTERS[@]}"; do
+  [ -x "$BUILD/$prog" ] || continue
   k=$((k + 1))
-  echo "== step $k/$found: $dir ($BUILD/$dir/$prog)"
-  "$BUILD/$dir/$prog" --csv "$CSV" || { echo "!! $prog exited $?"; rc=1; }
+  echo "== step $k/$found: ${prog%%/*} ($BUILD/$prog)"
+  "$BUILD/$prog" --csv "$CSV" || { echo "!! ${prog##*/} exited $?"; rc=1; }
   echo
 done
 echo "== tour summary ($CSV)"

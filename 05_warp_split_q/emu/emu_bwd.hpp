@@ -17,7 +17,7 @@ struct dim3 {
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-#include "../bwd_host.hpp"
+#include "backward/bwd_host.hpp"
 
 namespace wsq {
 namespace bwd {

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "frag.hpp"
-#include "../sm90_layout.hpp"
+#include "hopper/sm90_layout.hpp"
 #include "dtype.hpp"
 #include "emu_common.hpp"
 #include "problem.hpp"

@@ -157,6 +157,8 @@ int main(int argc, char** argv) {
   case_in("--out is a file", [](const std::string&) {}, "--out", "--out '" + g_tmp + "/a_file'");
   case_in("--out parent missing", [](const std::string&) {}, "is missing or not writable",
           "--out '" + g_tmp + "/no/such/dir'");
+  // A folder no file can be created in although access(W_OK) says yes to root (/proc): tried, so refused here too.
+  case_in("--out under /proc", [](const std::string&) {}, "is missing or not writable", "--out /proc/fa_out");
   case_in("--csv folder missing", [](const std::string&) {}, "--csv", "--csv '" + g_tmp + "/nowhere/rows.csv'");
   case_in("--csv is a folder", [](const std::string&) {}, "--csv", "--csv '" + g_tmp + "'");
 

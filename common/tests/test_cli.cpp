@@ -45,6 +45,12 @@ TEST_CASE("cli: bad usage is a UsageError that names the problem") {
   CHECK_THROWS_AS(parse({"--heads", "6", "--kv-heads", "4"}), UsageError);
   CHECK_THROWS_AS(parse({"--scale", "0"}), UsageError);
   CHECK_THROWS_AS(parse({"--seed", "-1"}), UsageError);
+  // The minimum a message names is the one that is accepted: every dimension of a shape is at least 1.
+  for (const char* flag : {"--batch", "--heads", "--q-len", "--head-dim"}) {
+    CHECK_THROWS_WITH_AS(parse({flag, "-1"}), (std::string("bad value '-1' for ") + flag + ": must be >= 1").c_str(),
+                         UsageError);
+    CHECK_THROWS_AS(parse({flag, "0"}), UsageError);
+  }
 }
 
 TEST_CASE("cli: --help lists every shared flag") {

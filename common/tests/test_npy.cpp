@@ -97,6 +97,11 @@ TEST_CASE("npy: crafted headers are UsageErrors that name the problem, before an
   CHECK_THROWS_AS(npy_read(path), UsageError);
   write_raw(path, header("(1, 2, 100000000, 16)"), 64);  // 12.8 GB promised, 64 bytes present
   CHECK_THROWS_AS(npy_read_header(path), UsageError);
+  write_raw(path, header("(1073741824, 1073741824, 2, 2)"), 16);  // 2^64 bytes promised: said as they are, not as 0
+  CHECK_THROWS_WITH_AS(npy_read_header(path),
+                       (path + ": shape [1073741824, 1073741824, 2, 2] needs 18446744073709551616 bytes of data, the "
+                               "file holds 16").c_str(),
+                       UsageError);
   write_raw(path, header("(2, 2)"), 20);  // 4 bytes too many
   CHECK_THROWS_AS(npy_read_header(path), UsageError);
   write_raw(path, header("(2, 2)"), 16);

@@ -1,4 +1,0 @@
-// The backward file bwd_v6_bc128.cu compiled for the CPU emulation (emu_bwd.hpp: no __CUDA_ARCH__, so the sm_80
-// path of its dQ atomics, two scalar adds; 8 warps, emu.hpp's maximum).
-#include "emu_bwd.hpp"
-#include "../bwd_v6_bc128.cu"

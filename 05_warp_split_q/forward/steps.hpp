@@ -1,0 +1,29 @@
+// The host functions of the ladder's steps, one per kernel file (the registry in warp_split_q.cpp lists them).
+#pragma once
+#include "dtype.hpp"
+#include "problem.hpp"
+
+namespace wsq {
+#define WSQ_DECLARE(fn) \
+  template <class T>    \
+  void fn(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse);
+WSQ_DECLARE(forward_split_k)
+WSQ_DECLARE(forward_v1_mma)
+WSQ_DECLARE(forward_v2_ldmatrix)
+WSQ_DECLARE(forward_v3_swizzle)
+WSQ_DECLARE(forward_v4_cp_async)
+WSQ_DECLARE(forward_v5_regs_p)
+WSQ_DECLARE(forward_v6_exp2)
+WSQ_DECLARE(forward_v7_tiles)
+WSQ_DECLARE(forward_v8_two_row_tiles)
+WSQ_DECLARE(forward_v9_wgmma_tma)  // steps 9 and 10: sm_90a only (built when WSQ_HOPPER is defined)
+WSQ_DECLARE(forward_v10_pingpong)
+#undef WSQ_DECLARE
+}  // namespace wsq
+
+// Explicit instantiations of a step's host function for both dtypes (at the end of each step file).
+#define WSQ_INSTANTIATE(fn)                                                                                      \
+  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,       \
+                               fa::half_t*, float*);                                                             \
+  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,              \
+                                   const fa::bfloat16_t*, fa::bfloat16_t*, float*);

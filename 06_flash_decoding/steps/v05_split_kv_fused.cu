@@ -1,0 +1,287 @@
+// Step 5, split_kv_fused (README §4.2): split_kv_pipelined whose last block per row chunk merges the splits. The
+// idea over step 4: no second kernel launch. After writing its partial, a block counts itself with one
+// acquire-release atomic; the block that completes the count merges its rows (merge_row, the merge kernel's own
+// code), so the result is again bit for bit step 3's, and most row chunks are merged while other blocks still stream.
+// Grid (splits, row chunks, B x Hkv), 128 threads = 4 warps; a unit of more than 16 rows is cut into row chunks.
+// Warp w takes the split's 32-key chunks w, w + 4, ... (split-K inside the block: too few rows for split-Q).
+// Per chunk a warp copies K_j and V_j to its own shared memory (copy_chunk), then
+//   S:   lane j computes S_rj = q_r . k_j for every row r (its key row read from padded shared memory),
+//   P:   the running max (warp max per row, O~ rescaled by alpha), P to shared memory,
+//   PV:  lane c owns d/32 output columns and adds P_rj V_j[c] over the chunk.
+// Shared memory (Smem<D, R, 2, false>): two stages of K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (139 KB at d = 128),
+// the scratch reusing the first; Q and P as in step 3: 152 KB at d = 128 and 16 rows, one block per SM (sm_80
+// allows 163 KB, sm_90 227 KB; plan() refuses sm_86/sm_89 at d = 128).
+// README Algorithm 1, lines 1-13 (line 4 one chunk ahead); Algorithm 2 in the last block of a row chunk (line 13).
+#include "kv_copy.cuh"
+#include "launch.cuh"
+#include "merge.cuh"
+#include "steps.hpp"
+
+namespace fdec::v05_split_kv_fused {
+namespace {
+
+constexpr bool kPacked = true;  // the query heads of a kv group share a block
+
+// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// chunks, which it writes to the scratch. While chunk t is computed, chunk t + 1 is already being copied into the
+// warp's other buffer (step 4).
+template <class T, int D, int R>
+__device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
+                                       const fa::Problem& pb, char* smem) {
+  using L = Smem<D, R, 2, false>;
+  constexpr int kCols = D / 32;  // output columns per lane
+  constexpr int kStride = kWarps * kKeysPerWarp;  // from one chunk of a warp to its next
+  // cp.async groups a warp may leave in flight: K, V of the chunk copied ahead. Waiting down to kAhead + 1 groups
+  // means this chunk's K has landed, down to kAhead its V too.
+  constexpr int kAhead = 2;
+  static_assert(D % 64 == 0, "lane owns an even number of columns");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto Ks_of = [&](int stage) { return reinterpret_cast<T*>(smem + stage * L::kStage + warp * L::kKVWarp); };
+  const float* Qs = reinterpret_cast<const float*>(smem + L::kKV);
+  float* Ps = reinterpret_cast<float*>(smem + L::kKV + L::kQ) + warp * R * kKeysPerWarp;
+
+  float m[R], l[R], acc[R][kCols];
+  int query[R];  // the query index of each row; -1 for the rows past the unit (zeros, masked)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    query[r] = r < nrows ? a.rows.query(r0 + r) : -1;
+    m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+  }
+
+  // The warp's first chunk is already on its way to stage 0 (the kernel issued it before line 1).
+  const int first = keys.begin + warp * kKeysPerWarp;
+  int stage = 0;
+  for (int c0 = first; c0 < keys.end; c0 += kStride) {
+    T* Ks = Ks_of(stage);
+    T* Vs = Ks + kKeysPerWarp * L::kLdKV;
+    // line 4: this chunk was copied one iteration ago; copy the next one into the other buffer now (that buffer's
+    // last reader, the previous iteration's PV loop, ended at its closing __syncwarp). Past the last chunk, two
+    // empty groups keep the count.
+    if (c0 + kStride < keys.end) {
+      T* Kn = Ks_of(stage ^ 1);
+      copy_chunk<T, D, ContiguousRows>(a, b, hk, c0 + kStride, keys.end, Kn, Kn + kKeysPerWarp * L::kLdKV);
+    } else {
+      cp_async_commit(), cp_async_commit();
+    }
+    cp_async_wait<kAhead + 1>();  // this chunk's K has landed; its V (and the next chunk) may still be in flight
+    __syncwarp();
+
+    // line 5: S_rj = (scale q_r) . k_j, lane = key j
+    const int key = c0 + lane;
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = 0.f;
+#pragma unroll 4
+    for (int col = 0; col < D; col += kVec) {
+      float kf[kVec];
+      load_floats8<T>(Ks + lane * L::kLdKV + col, kf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 q0 = *reinterpret_cast<const float4*>(Qs + r * D + col);  // same address in every lane
+        const float4 q1 = *reinterpret_cast<const float4*>(Qs + r * D + col + 4);
+        s[r] = fmaf(q0.x, kf[0], fmaf(q0.y, kf[1], fmaf(q0.z, kf[2], fmaf(q0.w, kf[3], s[r]))));
+        s[r] = fmaf(q1.x, kf[4], fmaf(q1.y, kf[5], fmaf(q1.z, kf[6], fmaf(q1.w, kf[7], s[r]))));
+      }
+    }
+    // lines 6-8: mask, then P with the running max, and O~ rescaled by alpha
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (!(key < keys.end && query[r] >= 0 && pb.visible(query[r], key))) s[r] = -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(s[r]));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid (-inf) - (-inf)
+      const float alpha = expf(m[r] - m_use);
+      const float p = expf(s[r] - m_use);
+      l[r] = l[r] * alpha + p;  // each lane sums its own keys; the lanes are summed once, after the loop
+      m[r] = m_new;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[r][c] *= alpha;
+      Ps[r * kKeysPerWarp + lane] = p;
+    }
+    cp_async_wait<kAhead>();
+    __syncwarp();  // V_j and every lane's P are in shared memory
+
+    // line 9: O~_r += P_rj V_j over the 32 keys; lane owns columns lane*kCols .. +kCols-1
+#pragma unroll 2
+    for (int j = 0; j < kKeysPerWarp; j += 4) {
+      float vf[4][kCols];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) load_floats<T>(Vs + (j + t) * L::kLdKV + lane * kCols, vf[t]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 p4 = *reinterpret_cast<const float4*>(Ps + r * kKeysPerWarp + j);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          acc[r][c] = fmaf(p4.w, vf[3][c], fmaf(p4.z, vf[2][c], fmaf(p4.y, vf[1][c], fmaf(p4.x, vf[0][c], acc[r][c]))));
+      }
+    }
+    __syncwarp();  // every lane is done with K_j, V_j, P before the next chunk overwrites them
+    stage ^= 1;
+  }
+
+  // line 10: the warp's (m, l, O~) -> scratch, which overlays the first stage's K/V buffers of every warp: wait for
+  // all (no copy is in flight any more: the last iteration waited for every non-empty group). The scratch row is
+  // every step's layout (m, l, the row's largest score, O~); with the running max the largest score is m itself.
+#pragma unroll
+  for (int r = 0; r < R; ++r) l[r] = warp_sum(l[r]);
+  __syncthreads();
+  float* scratch = reinterpret_cast<float*>(smem) + warp * R * (D + 3);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float* row = scratch + r * (D + 3);
+    if (lane == 0) row[D] = m[r], row[D + 1] = l[r], row[D + 2] = m[r];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) row[lane * kCols + c] = acc[r][c];
+  }
+  __syncthreads();
+}
+
+// Lines 11-13 for the block's rows, once attend has left every warp's (m, l, O~) in the scratch: the warps merged,
+// then the partial s of `splits` written (O_s, LSE_s), or with one split O and LSE themselves; then the block that
+// brings the rows' arrival counter `done` to `splits` merges them (Algorithm 2). fin: the block's M, L and warp
+// weights (Smem's kFin).
+template <class T, int D, int R>
+__device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float* fin, int b, int u, int r0, int nrows,
+                                       int s, int splits, int* done) {
+  // line 11: merge the warps: M = max m_w, L = sum l_w e^(m_w - M), O~ = sum O~_w e^(m_w - M)
+  const float* scratch = reinterpret_cast<const float*>(smem);
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    float M = -INFINITY, Lsum = 0.f;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch[(w * R + r) * (D + 3) + D]);
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = scratch[(w * R + r) * (D + 3) + D];
+      const float wt = mw == -INFINITY ? 0.f : expf(mw - M);
+      fin[2 * R + w * R + r] = wt;
+      Lsum += wt * scratch[(w * R + r) * (D + 3) + D + 1];
+    }
+    fin[r] = M, fin[R + r] = Lsum;
+  }
+  __syncthreads();
+
+  // line 12: the partial (O_s, LSE_s), or with one split O and LSE themselves
+  const bool direct = splits == 1;
+  for (int e = threadIdx.x; e < nrows * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    float o = 0.f;
+    for (int w = 0; w < kWarps; ++w) o += fin[2 * R + w * R + r] * scratch[(w * R + r) * (D + 3) + c];
+    const float Lsum = fin[R + r];
+    o = Lsum > 0.f ? o / Lsum : 0.f;
+    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);  // the query row
+    if (direct) a.o[g * D + c] = T(o);
+    else a.ws_o[(size_t(s) * a.q_rows + g) * D + c] = o;
+  }
+  if (threadIdx.x < nrows) {
+    const int r = threadIdx.x;
+    const float Lsum = fin[R + r];
+    const float lse = Lsum > 0.f ? fin[r] + logf(Lsum) : -INFINITY;
+    const size_t g = a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r);
+    if (direct) a.lse[g] = lse;
+    else a.ws_lse[size_t(s) * a.q_rows + g] = lse;
+  }
+
+  // line 13: publish the partial, count it; the block that brings the count to `splits` merges. The count is one
+  // acquire-release atomic (README §4.2): the barrier orders every thread's workspace stores before thread 0's
+  // atomic, whose release makes them visible device-wide with the count (release is cumulative); its acquire, passed
+  // on by the second barrier, orders the last block's reads after every other block's published partial.
+  if (direct) return;
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomic_add_acq_rel(done, 1) == splits - 1;
+    if (last) *done = 0;  // every other block of these rows has counted: ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int r = threadIdx.x / 32; r < nrows; r += kWarps)
+    merge_row<T, D>(a.p.lse_offset(b, a.rows.head(u, r0 + r)) + a.rows.query(r0 + r), a.q_rows, splits, a.ws_o,
+                    a.ws_lse, a.o, a.lse);
+}
+
+// The pipeline's prologue: each warp's first chunk of `keys` -> stage 0, in flight while the block loads Q (line 1).
+template <class T, int D, int R>
+__device__ __forceinline__ void copy_first_chunks(const Args<T>& a, int b, int hk, KeyRange keys, char* smem) {
+  using L = Smem<D, R, 2, false>;
+  const int first = keys.begin + (threadIdx.x / 32) * kKeysPerWarp;
+  T* Ks = reinterpret_cast<T*>(smem + (threadIdx.x / 32) * L::kKVWarp);
+  if (first < keys.end) copy_chunk<T, D, ContiguousRows>(a, b, hk, first, keys.end, Ks, Ks + kKeysPerWarp * L::kLdKV);
+}
+
+// One block = (split s, row chunk, batch entry b x kv head u); Smem<D, R, 2, false>::kBytes of dynamic shared
+// memory.
+template <class T, int D, int R>
+__global__ void __launch_bounds__(kThreads, 1) split_kernel(Args<T> a) {
+  using L = Smem<D, R, 2, false>;
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  const int units = gridDim.z / a.p.batch;
+  const int s = blockIdx.x, b = blockIdx.z / units, u = blockIdx.z % units;
+  const int r0 = blockIdx.y * R, nrows = min(R, a.rows.per_unit() - r0);
+  const int hk = a.p.kv_head_of(a.rows.head(u, r0));  // every row of a unit shares one kv head
+  const int n_b = a.kv_lens[b];
+  const fa::Problem pb = seen_by(a.p, n_b);
+  const KeyRange keys = split_range(n_b, a.splits, s);  // line 2
+
+  copy_first_chunks<T, D, R>(a, b, hk, keys, smem);
+
+  // line 1: the block's query rows (scaled) -> shared; rows past the unit are zeros (and masked in attend)
+  float* Qs = reinterpret_cast<float*>(smem + L::kKV);
+  const float scale = a.p.softmax_scale();
+  for (int e = threadIdx.x; e < R * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    float x = 0.f;
+    if (r < nrows) x = float(a.q[a.p.q_offset(b, a.rows.head(u, r0 + r)) + size_t(a.rows.query(r0 + r)) * D + c]);
+    Qs[e] = x * scale;
+  }
+  __syncthreads();
+
+  attend<T, D, R>(a, b, hk, r0, nrows, keys, pb, smem);
+
+  float* fin = reinterpret_cast<float*>(smem + L::kKV + L::kQ + L::kP);  // [R] M, [R] L, [kWarps][R] weights
+  finish<T, D, R>(a, smem, fin, b, u, r0, nrows, s, a.splits, a.done + size_t(blockIdx.z) * gridDim.y + blockIdx.y);
+}
+
+void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache, void* o, float* lse,
+             const Launch& launch, float phi, float* workspace, int* fallbacks) {
+  with_config(t, p.head_dim, launch.row_bucket, [&](auto tag, auto dim, auto rows) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(dim)::value, R = decltype(rows)::value, kBytes = Smem<D, R, 2, false>::kBytes;
+    Args<T> a = make_args<T>(p, kPacked, q, cache, o, lse, launch, phi, workspace, fallbacks);
+    const dim3 grid = split_grid(p, kPacked, launch);
+    // the arrival counters, one per (row chunk, batch entry x unit); with one split there is nothing to merge
+    a.done = launch.splits > 1 ? merge_counters(size_t(grid.y) * grid.z) : nullptr;
+    ready<split_kernel<T, D, R>, kBytes>()<<<grid, kThreads, kBytes>>>(a);
+    CHECK_LAUNCH();
+  });
+}
+
+int smem_bytes(int head_dim, int row_bucket) { return split_smem_bytes(head_dim, row_bucket, 2); }
+
+int blocks_per_sm(fa::Dtype t, int head_dim, int row_bucket) {
+  int n = 0;
+  with_config(t, head_dim, row_bucket, [&](auto tag, auto dim, auto rows) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(dim)::value, R = decltype(rows)::value;
+    n = occupancy<split_kernel<T, D, R>, Smem<D, R, 2, false>::kBytes>();
+  });
+  return n;
+}
+
+}  // namespace
+
+// The step's row of the registry (flash_decoding.cu): the properties it turns on, each with the step that brought
+// it in (the others keep Kernel's defaults: off, one stage), and its host functions.
+Kernel kernel() {
+  Kernel k;
+  k.packed = kPacked;    // step 3: a kv group's query heads in one block
+  k.splits = true;       // step 2: the keys split across blocks, merged by LSE
+  k.stages = 2;          // step 4: two K/V buffers per warp, the next chunk copied during this one
+  k.fused_merge = true;  // this step: the last block of a row chunk merges, no merge kernel
+  k.forward = forward;
+  k.smem_bytes = smem_bytes;
+  k.blocks_per_sm = blocks_per_sm;
+  return k;
+}
+
+}  // namespace fdec::v05_split_kv_fused
