@@ -131,6 +131,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2
   float acc[D / 2] = {}, s_acc[Bc / 2] = {};                // O~ (m64nD C fragment) and S (m64n128)
   const float scale_log2 = p.softmax_scale() * kLog2e;     // S in base-2 units
+  // A masked score is written before the scale is applied, as the value the scale turns into -inf: -inf for a
+  // positive scale, +inf for a negative one (a plain -inf would become +inf, and the row NaN).
+  const float masked = scale_log2 < 0.f ? INFINITY : -INFINITY;
   mbar_wait(full_q, 0);
 
   // The turn barriers: warpgroup w waits on kTurnBarrier + w before issuing its products and then arrives on the other's.
@@ -160,10 +163,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // lines 6-7 for tile j: mask, m_new, P_ij = exp(S_ij - m_new) in place of S, l_i; alpha = exp(m_i - m_new) per row.
   auto softmax = [&](int tile, float (&alpha)[2]) {
     const int j0 = tile * Bc;
-    // Scaled first, masked second: -inf stays -inf whatever the sign of the scale (scaled after the mask, a
-    // negative scale would turn the masked -inf into +inf, and every row that crosses the mask into NaN).
-    #pragma unroll
-    for (int x = 0; x < Bc / 2; ++x) s_acc[x] *= scale_log2;
     // S's C fragment: n-tile n, element e -> row r0 + 8 (e / 2), key j0 + 8 n + 2 t + e % 2. Only a tile that
     // crosses the causal diagonal or the end of the keys needs the per-element test, and the test sits behind one
     // branch per tile: written into each element's expression (keep = !need_mask || visible), it compiled to a
@@ -174,8 +173,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kTilesS; ++n)
         #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (!p.visible(i0 + r0 + 8 * (e / 2), j0 + 8 * n + 2 * t + e % 2)) s_acc[4 * n + e] = -INFINITY;
+          if (!p.visible(i0 + r0 + 8 * (e / 2), j0 + 8 * n + 2 * t + e % 2)) s_acc[4 * n + e] = masked;
     }
+    #pragma unroll
+    for (int x = 0; x < Bc / 2; ++x) s_acc[x] *= scale_log2;
     #pragma unroll
     for (int r = 0; r < 2; ++r) {  // row r0 + 8r; the 4 lanes of a group share the row
       float mx = m[r];
