@@ -76,7 +76,7 @@ int main(int argc, char** argv) try {
   cli.add_option("--rows", &rows_opt, "softmax rows (auto = 2^26 / cols)", 0, true);
   cli.add_option("--cols", &cols_opt, "softmax row length (auto = the sweep 1024, 4096, 16384, 65536)", 0, true);
   cli.extend_help("--head-dim", "this chapter: 1 .. 256");
-  cli.extend_help("--dropout", "this chapter: 0 only");
+  cli.set_help("--dropout", "dropout probability p: this chapter has none, 0 only");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
 

@@ -42,15 +42,13 @@ fa::Options defaults() {
   return o;
 }
 
-// Inputs rounded to the dtype once; every kernel and the references read these values.
+// Inputs rounded to the dtype once; every kernel and the references read these values. A value beyond the dtype's
+// range is bad input (exit 2), found here, before the GPU is looked for.
 void round_inputs(fa::Dtype t, fa::HostTensors& in) {
-  for (std::vector<float>* x : {&in.q, &in.k, &in.v}) {
-    *x = fa::rounded(t, std::move(*x));
-    for (float e : *x)
-      if (!std::isfinite(e))
-        throw fa::UsageError(std::string("an input is not finite in ") + fa::dtype_name(t) +
-                             " (NaN, or beyond the dtype's range)");
-  }
+  in.q = fa::rounded_input(t, std::move(in.q), "q.npy");
+  in.k = fa::rounded_input(t, std::move(in.k), "k.npy");
+  in.v = fa::rounded_input(t, std::move(in.v), "v.npy");
+  if (!in.dout.empty()) in.dout = fa::rounded_input(t, std::move(in.dout), "do.npy");
 }
 
 template <class T>
@@ -188,6 +186,7 @@ int main(int argc, char** argv) try {
                  "also run step 8 block-sparse (blocks of 128 queries x 64 keys), next to the dense steps: local:W, "
                  "strided:S, random:DENSITY[:SEED], or a uint8/bool .npy [Tr, Tc] (04's README, section 6)");
   cli.extend_help("--head-dim", "this chapter: 64, 128");
+  cli.set_help("--dropout", "dropout probability p: this chapter has none, 0 only (README says why)");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
   if (f.list_steps) {  // before any GPU work: the scripts read the ladders from here

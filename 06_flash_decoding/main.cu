@@ -132,7 +132,7 @@ struct Inputs {
 void make_inputs(const fa::Problem& p, const Setup& s, fa::HostTensors* files, Inputs& in) {
   if (files) {  // rounded on load; a float16 .npy is fp16 already and stays as it is
     fa::HostTensors& h = *files;
-    in.hq = fa::rounded(s.t, std::move(h.q)), in.hk = fa::rounded(s.t, std::move(h.k)), in.hv = fa::rounded(s.t, std::move(h.v));
+    in.hq = std::move(h.q), in.hk = std::move(h.k), in.hv = std::move(h.v);  // rounded by main() on load
     in.q = fa::DeviceBuffer<uint16_t>(fdec::narrow(s.t, in.hq));
     in.cache.k = fa::DeviceBuffer<uint16_t>(fdec::narrow(s.t, in.hk));
     in.cache.v = fa::DeviceBuffer<uint16_t>(fdec::narrow(s.t, in.hv));
@@ -362,6 +362,7 @@ int main(int argc, char** argv) try {
   cli.extend_help("--q-len", "this chapter: 1 .. 8 new tokens");
   cli.extend_help("--kv-len", "this chapter: the cache capacity, auto = 4096 rather than Nq");
   cli.extend_help("--head-dim", "this chapter: 64, 128");
+  cli.set_help("--dropout", "dropout probability p: decoding has none, 0 only");
   fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
   if (f.list_steps) {  // before any GPU work: the scripts read the ladder from here
@@ -377,7 +378,12 @@ int main(int argc, char** argv) try {
   s.lens = context_lengths(p, f);
   fa::check_outputs_writable(opts);
   fa::HostTensors files;
-  if (!opts.in_dir.empty()) files = fa::load_inputs(opts, p, false);
+  if (!opts.in_dir.empty()) {  // rounded to the dtype here: a value beyond its range is bad input, before the GPU
+    files = fa::load_inputs(opts, p, false);
+    files.q = fa::rounded_input(s.t, std::move(files.q), "q.npy");
+    files.k = fa::rounded_input(s.t, std::move(files.k), "k.npy");
+    files.v = fa::rounded_input(s.t, std::move(files.v), "v.npy");
+  }
   std::printf("problem: %s dtype=%s\n", fa::describe(p).c_str(), fa::dtype_name(s.t));
 
   // 3. The GPU (none: exit 1), and room on it.

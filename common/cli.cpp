@@ -84,6 +84,10 @@ void Cli::extend_help(const std::string& name, const std::string& more) {
   for (auto& e : entries_)
     if (e.name == name) e.help += "; " + more;
 }
+void Cli::set_help(const std::string& name, const std::string& help) {
+  for (auto& e : entries_)
+    if (e.name == name) e.help = help;
+}
 
 std::string Cli::usage() const {
   std::ostringstream s;

@@ -34,6 +34,8 @@ class Cli {
   void add_option(const std::string& name, int* target, const std::string& help, int min, bool zero_is_auto = false);
   // Appends a sentence to a flag's help, e.g. the chapter's head_dim values to --head-dim's.
   void extend_help(const std::string& name, const std::string& more);
+  // Replaces a flag's help, where a chapter accepts less than the shared flag does (e.g. no dropout).
+  void set_help(const std::string& name, const std::string& help);
   Options parse(int argc, const char* const* argv);
   std::string usage() const;
   int print_usage() const;  // prints usage() to stdout; returns 0, main's exit code for --help

@@ -45,6 +45,16 @@ inline std::vector<float> rounded(Dtype t, std::vector<float> x) {
   for (float& e : x) e = round_to(t, e);
   return x;
 }
+// x rounded to the dtype, as rounded() does, for a tensor a program read: a UsageError names the tensor and the
+// element where a finite fp32 value becomes inf in the dtype (beyond fp16's 65504, say), before any GPU work.
+inline std::vector<float> rounded_input(Dtype t, std::vector<float> x, const std::string& name) {
+  x = rounded(t, std::move(x));
+  for (size_t e = 0; e < x.size(); ++e)
+    if (!std::isfinite(x[e]))
+      throw UsageError(name + " element " + std::to_string(e) + " is beyond the range of " + dtype_name(t) +
+                       " (its largest finite value: " + (t == Dtype::fp16 ? "65504" : "3.4e38") + ")");
+  return x;
+}
 // The 16-bit values themselves, for upload (T = half_t or bfloat16_t).
 template <class T>
 std::vector<T> to_dtype(const std::vector<float>& x) {

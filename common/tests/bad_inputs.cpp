@@ -1,7 +1,8 @@
-// bad_inputs PROGRAM READS_DO HEAD_DIM [ARGS...]: runs a chapter program on crafted bad --in folders and bad
+// bad_inputs PROGRAM READS_DO HEAD_DIM DTYPES [ARGS...]: runs a chapter program on crafted bad --in folders and bad
 // output paths and expects each to be refused with exit code 2 and a message that names the problem,
 // before any device work - so it runs (and must pass) on a machine without a GPU. READS_DO is 1 when
-// the program with ARGS reads do.npy (a backward run); HEAD_DIM is a head_dim the program supports.
+// the program with ARGS reads do.npy (a backward run); HEAD_DIM is a head_dim the program supports; DTYPES the
+// dtypes it computes in (scripts/chapters.tsv): fp32, or 16-bit ones, whose range a finite fp32 value can exceed.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,14 +70,15 @@ void case_in(const std::string& name, const std::function<void(const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4 || std::atoi(argv[3]) < 1) {
-    std::fprintf(stderr, "usage: bad_inputs PROGRAM READS_DO HEAD_DIM [ARGS...]\n");
+  if (argc < 5 || std::atoi(argv[3]) < 1) {
+    std::fprintf(stderr, "usage: bad_inputs PROGRAM READS_DO HEAD_DIM DTYPES [ARGS...]\n");
     return 2;
   }
   g_program = argv[1];
   const bool reads_do = std::string(argv[2]) == "1";
   g_d = std::atoi(argv[3]);
-  for (int a = 4; a < argc; ++a) g_args += std::string(" '") + argv[a] + "'";
+  const bool sixteen_bit = std::string(argv[4]) != "fp32";  // the program rounds its inputs to fp16 by default
+  for (int a = 5; a < argc; ++a) g_args += std::string(" '") + argv[a] + "'";
   char tmpl[] = "/tmp/fa_bad_inputs_XXXXXX";
   if (!mkdtemp(tmpl)) return std::perror("mkdtemp"), 1;
   g_tmp = tmpl;
@@ -151,6 +153,19 @@ int main(int argc, char** argv) {
       x[0] = NAN;
       fa::npy_write(d + "/do.npy", {1, 2, 5, size_t(g_d)}, x.data());
     }, "do.npy holds nan at [0, 0, 0, 0]");
+  }
+  if (sixteen_bit) {  // finite in fp32, inf in fp16 (largest 65504): refused when rounded, before the GPU
+    case_in("q beyond fp16", [](const std::string& d) {
+      std::vector<float> x(2 * 5 * g_d, 0.25f);
+      x[3] = 1e6f;
+      fa::npy_write(d + "/q.npy", {1, 2, 5, size_t(g_d)}, x.data());
+    }, "q.npy element 3 is beyond the range of fp16");
+    if (reads_do)
+      case_in("do beyond fp16", [](const std::string& d) {
+        std::vector<float> x(2 * 5 * g_d, 0.25f);
+        x[7] = -1e6f;
+        fa::npy_write(d + "/do.npy", {1, 2, 5, size_t(g_d)}, x.data());
+      }, "do.npy element 7 is beyond the range of fp16");
   }
   // Output paths are checked before the run.
   std::ofstream(g_tmp + "/a_file") << "x";
