@@ -57,6 +57,7 @@ import io_counters  # noqa: E402  (the Nsight Compute counts against the traffic
 import step_counters  # noqa: E402  (05's per-step counters: tables, no figure)
 
 GiB = 1024.0 ** 3
+TOUR_SUFFIX = "_tour.csv"  # scripts/tour.sh's rows (every program on its defaults): shown by the tour, not plotted
 
 # Human names for (chapter, kernel). Two kernel names that are the same kernel map to the same label.
 LABELS = {
@@ -704,7 +705,7 @@ def main():
         ap.error(f"--results {args.results}: no such folder")
     io_files = io_counters.io_csvs(args.results)
     csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results)
-                  if f.endswith(".csv") and not f.endswith(step_counters.SUFFIX)
+                  if f.endswith(".csv") and not f.endswith(step_counters.SUFFIX) and not f.endswith(TOUR_SUFFIX)
                   and os.path.join(args.results, f) not in io_files)
     if not csvs:
         raise SystemExit(f"no .csv files in {args.results}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tour: every chapter program (scripts/chapters.tsv) on its defaults, then one summary table of all their rows.
 #   scripts/tour.sh [BUILD_DIR]     default BUILD_DIR: build (configure and build first, see README.md)
-# Without an NVIDIA GPU nothing can run: the tour says so and shows the results committed in
-# docs/results/ for a named GPU instead (exit 0). Exit 1 if a program fails, 2 on bad usage.
+# Without an NVIDIA GPU nothing can run: the tour says so and shows the rows a tour printed on a named GPU,
+# committed as docs/results/<gpu>_tour.csv (a copy of BUILD/tour.csv), instead (exit 0). Exit 1 if a program
+# fails, 2 on bad usage.
 set -uo pipefail
 usage() { sed -n '2,5s/^# \{0,1\}//p' "$0"; }
 case "${1:-}" in
@@ -13,30 +14,26 @@ esac
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 
-# One line per result row (the project's CSV format).
+# One line per result row (the project's CSV format). A row without FLOPs (a copy, a softmax, a read ceiling) shows
+# its GB/s alone; a row that was timed but not checked (a baseline) says so instead of its error.
 summary() {
   awk -F, 'NR == 1 { next }
-           { printf "%-4s %-22s %-4s B=%-2s H=%-3s Nq=%-6s Nk=%-6s d=%-4s c=%s %10.4f ms %8.2f TFLOP/s %8.1f GB/s  err %s\n",
-                    $2, $3, $4, $6, $7, $9, $10, $11, $12, $14, $15, $16, $19 }' "$@"
+           { tflops = $15 > 0 ? sprintf("%8.2f TFLOP/s", $15) : sprintf("%16s", "")
+             err = $19 < 0 ? "(timed, not checked)" : "err " $19
+             printf "%-4s %-22s %-4s B=%-2s H=%-3s Nq=%-6s Nk=%-6s d=%-4s c=%s %10.4f ms %s %8.1f GB/s  %s\n",
+                    $2, $3, $4, $6, $7, $9, $10, $11, $12, $14, tflops, $16, err }' "$@"
 }
 
 if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
-  committed=$(ls docs/results/*.csv 2>/dev/null | grep -Ev "_(io|steps)\.csv$" | head -1)
+  committed=$(ls docs/results/*_tour.csv 2>/dev/null | head -1)
   echo "No NVIDIA GPU found here: the chapter programs run their kernels on one, so the tour cannot run them."
   echo "What you can do without a GPU: build everything and run the CPU tests (README, Quick start), and read"
-  echo "the chapters. What the tour shows on a GPU, as measured by scripts/measure.sh and committed in ${committed:-docs/results/}:"
+  echo "the chapters. What the tour printed on a GPU (its own rows, committed in ${committed:-docs/results/}):"
   if [ -n "$committed" ]; then
     gpu=$(awk -F, 'NR == 2 { gsub(/"/, "", $1); print $1 }' "$committed")
     echo
-    echo "== committed results on an $gpu at the programs' default sizes (the full set: $committed)"
-    # The rows each program prints on its defaults (00: B=1 H=16 N=1024; 01: its softmax sweep and
-    # B=1 H=16 N=1024; 02: B=4 H=32 N=1024; 03: B=4 H=16 N=1024; 04: B=1 H=16 N=4096), d = 64, no mask.
-    awk -F, 'NR == 1 { print; next }
-             $11 == 0 || ($11 == 64 && $12 == 0 && $13 == 0 && $9 == $10 && $7 == $8 &&
-                          index(" 1,16,1024 4,32,1024 4,16,1024 1,16,4096 ", " " $6 "," $7 "," $9 " ")) {
-               key = $2 FS $3 FS $4 FS $6 FS $7 FS $9 FS $10
-               if (!seen[key]++) print
-             }' "$committed" | summary
+    echo "== committed results on an $gpu: every chapter program on its defaults ($committed)"
+    summary "$committed"
   fi
   exit 0
 fi
