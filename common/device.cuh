@@ -17,9 +17,15 @@ inline bool has_cuda_device() {
   return e == cudaSuccess && n > 0;
 }
 
-inline cudaDeviceProp device_props() {
+// The device this host thread launches on (cudaSetDevice's), for state that belongs to one device.
+inline int current_device() {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+inline cudaDeviceProp device_props() {
+  const int dev = current_device();
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   return prop;

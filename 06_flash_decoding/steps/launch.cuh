@@ -5,10 +5,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <set>
 #include <type_traits>
 
 #include "block.cuh"
 #include "cuda_check.cuh"
+#include "device.cuh"
 #include "flash_decoding.cuh"
 
 namespace fdec {
@@ -41,14 +43,12 @@ void with_config(fa::Dtype t, int d, int bucket, F&& f) {
 }
 
 // The kernel function Kernel, with its dynamic shared-memory limit raised to Bytes the first time it is asked for
-// (above 48 KB a kernel must opt in).
+// on the current device (above 48 KB a kernel must opt in, on every device it runs on). One host thread.
 template <auto Kernel, int Bytes>
 auto ready() {
-  static const bool raised = [] {
+  static std::set<int> raised;  // the devices where the limit is raised
+  if (raised.insert(fa::current_device()).second)
     CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
-    return true;
-  }();
-  (void)raised;
   return Kernel;
 }
 // How many blocks of Kernel (kThreads threads, Bytes of shared memory) one SM holds: plan() prints it.

@@ -2,7 +2,10 @@
 // the counters of the fused merge (v05, v06, v07). merge.cuh has merge_row, which both run.
 #include "merge.cuh"
 
+#include <map>
+
 #include "cuda_check.cuh"
+#include "device.cuh"
 #include "device_buffer.cuh"
 
 namespace fdec {
@@ -32,7 +35,8 @@ template void merge_partials<__nv_bfloat16, 64>(int, int, const float*, const fl
 template void merge_partials<__nv_bfloat16, 128>(int, int, const float*, const float*, __nv_bfloat16*, float*);
 
 int* merge_counters(size_t n) {
-  static fa::DeviceBuffer<int> counters;
+  static std::map<int, fa::DeviceBuffer<int>> per_device;  // each device's own, in its own memory
+  fa::DeviceBuffer<int>& counters = per_device[fa::current_device()];
   if (counters.size() < n) {
     counters = fa::DeviceBuffer<int>(n);
     counters.zero();

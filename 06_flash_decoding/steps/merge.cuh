@@ -84,9 +84,9 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* p, int x) {
   return old;
 }
 
-// The fused merge's counters, at least n of them (merge.cu): zeroed once when allocated and left at zero by every
-// launch (the last block of a row chunk resets its own), so no memset runs per decode step. One stream at a time:
-// two fused launches in flight on different streams would share them.
+// The fused merge's counters, at least n of them on the current device (merge.cu): zeroed once when allocated and
+// left at zero by every launch (the last block of a row chunk resets its own), so no memset runs per decode step.
+// One stream per device at a time: two fused launches in flight on different streams would share them.
 int* merge_counters(size_t n);
 
 }  // namespace fdec

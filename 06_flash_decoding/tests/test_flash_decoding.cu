@@ -268,3 +268,17 @@ TEST_CASE("06 gpu: the L2 policy of the K/V loads changes no bit of any kernel's
     CHECK(first.lse == normal.lse);
   }
 }
+
+TEST_CASE("06 gpu: every kernel on every device of the machine, one after the other in one process") {
+  // The shared-memory opt-in and the fused merge's counters belong to a device: raised and allocated on device 0,
+  // they must be raised and allocated again on device 1 (there, 48 KB would be the limit and device 0's counters
+  // unreachable). With one GPU this is every_kernel again.
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  for (int dev = 0; dev < devices; ++dev) {
+    INFO("device ", dev, " of ", devices);
+    CUDA_CHECK(cudaSetDevice(dev));
+    every_kernel(Dtype::fp16, make(2, 32, 8, 1, 700, 128, false), {700, 333});
+  }
+  CUDA_CHECK(cudaSetDevice(0));
+}
