@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "device.cuh"
 #include "device_buffer.cuh"
 #include "fa2.cuh"
 #include "formulas.hpp"
@@ -82,7 +83,12 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
     const wsq::ForwardFn<T> fn = s.launch.of<T>();
     auto go = [&] { fn(p, q.get(), k.get(), v.get(), o.get(), lse.get()); };
     o.poison(), lse.poison();  // an element a kernel forgets to write stays NaN and fails
-    go();
+    try {
+      go();
+    } catch (const fa::NotOnThisGpu& e) {  // e.g. a d = 128 tile on a GPU with 99 KB per block: not a failure
+      std::printf("skipped: %-12s %s\n", s.name, e.what());
+      continue;
+    }
     CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<T> o_t = o.download();
     const std::vector<float> o_f = widen(o_t), lse_f = lse.download();

@@ -86,7 +86,7 @@ Launch plan(const Step& step, const fa::Problem& p, fa::Dtype t, int max_len, in
   const int bytes = kernel.smem_bytes(p.head_dim, l.row_bucket);
   const int limit = int(fa::device_props().sharedMemPerBlockOptin);
   if (bytes > limit)
-    throw std::runtime_error(std::string(step.name) + " needs " + std::to_string(bytes) +
+    throw fa::NotOnThisGpu(std::string(step.name) + " needs " + std::to_string(bytes) +
                              " bytes of shared memory per block at head_dim " + std::to_string(p.head_dim) +
                              "; this GPU allows " + std::to_string(limit) + " (sm_80 and sm_90 allow enough)");
   l.blocks_per_sm = kernel.blocks_per_sm(t, p.head_dim, l.row_bucket);

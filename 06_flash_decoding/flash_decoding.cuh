@@ -73,9 +73,9 @@ const std::vector<Step>& kernels();
 const Step& kernel_named(const std::string& name);
 
 // How `kernel` runs this problem. max_len: the longest context of the batch. splits_override > 0 forces that split
-// count (kernels without splits always use 1). Queries the device (SM count, occupancy); throws std::runtime_error
-// when the kernel's shared memory exceeds what this GPU gives one block (the double-buffered kernels at head_dim 128
-// need sm_80's or sm_90's 163+ KB).
+// count (kernels without splits always use 1). Queries the device (SM count, occupancy); throws fa::NotOnThisGpu
+// (device.cuh) when the kernel's shared memory exceeds what this GPU gives one block (the double-buffered kernels at
+// head_dim 128 need sm_80's or sm_90's 163+ KB): the program reports that kernel as skipped.
 Launch plan(const Step& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
 
 // Device memory forward() needs with `splits` > 1: O_s [splits, B*H*q_len, d] and LSE_s [splits, B*H*q_len], fp32.

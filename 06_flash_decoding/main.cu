@@ -289,7 +289,13 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   };
 
   for (const fdec::Step* k : s.kernels) {
-    const fdec::Launch l = planned(*k, f.splits);
+    fdec::Launch l;
+    try {
+      l = planned(*k, f.splits);
+    } catch (const fa::NotOnThisGpu& e) {  // e.g. two K/V stages at d = 128 on a GPU with 99 KB per block
+      std::printf("skipped: %s\n", e.what());
+      continue;
+    }
     if (k->launch.even)
       std::printf("plan:    %-16s %lld blocks unsplit (%d per SM fit, %d SMs) -> %d blocks%s, the chunks of all of them "
                   "dealt evenly\n", k->name, l.blocks_unsplit, l.blocks_per_sm, l.sms, l.splits,

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.cuh"
+#include "device.cuh"
 #include "lowp.cuh"
 #include "bwd_host.hpp"
 
@@ -14,9 +15,7 @@ namespace bwd {
 
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, Args... args) {
-  constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the per-kernel opt-in (sm_80: 163 KiB, sm_90: 227 KiB)
-  if (smem_bytes > kDefaultSmem)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this backward step");
   kernel<<<grid, threads, smem_bytes>>>(args...);
   CHECK_LAUNCH();
 }

@@ -78,7 +78,12 @@ bool run_backward_section_t(const fa::Options& opts, fa::Dtype t, const fa::Prob
                          mode, ws.get());
       };
       dq.poison(), dk.poison(), dv.poison(), ws.poison();
-      run();
+      try {
+        run();
+      } catch (const fa::NotOnThisGpu& e) {  // e.g. a d = 128 tile on a GPU with 99 KB per block: not a failure
+        std::printf("skipped: backward %s: %s\n", name.c_str(), e.what());
+        continue;
+      }
       CUDA_CHECK(cudaDeviceSynchronize());
       std::string what;
       const fa::ErrorReport e = fa::check_backward(p, in, dq.download(), dk.download(), dv.download(),

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda_check.cuh"
+#include "device.cuh"
 #include "lowp.cuh"
 #include "problem.hpp"
 
@@ -20,9 +21,7 @@ using Kernel = void (*)(fa::Problem, const Tc*, const Tc*, const Tc*, Tc*, float
 template <class T>
 void launch(Kernel<typename fa::CudaType<T>::type> kernel, int Br, int threads, size_t smem_bytes, const fa::Problem& p,
             const T* q, const T* k, const T* v, T* o, float* lse) {
-  constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the per-kernel opt-in (sm_80: 163 KiB, sm_90: 227 KiB)
-  if (smem_bytes > kDefaultSmem)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this step");
   const dim3 grid((p.q_len + Br - 1) / Br, p.heads, p.batch);
   kernel<<<grid, threads, smem_bytes>>>(p, fa::cuda_ptr(q), fa::cuda_ptr(k), fa::cuda_ptr(v), fa::cuda_ptr(o), lse);
   CHECK_LAUNCH();
@@ -36,9 +35,7 @@ using MaskedKernel = void (*)(fa::Problem, const Tc*, const Tc*, const Tc*, Tc*,
 template <class T>
 void launch_masked(MaskedKernel<typename fa::CudaType<T>::type> kernel, int Br, int threads, size_t smem_bytes,
                    const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse, const uint8_t* block_mask) {
-  constexpr size_t kDefaultSmem = 48 * 1024;
-  if (smem_bytes > kDefaultSmem)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this step");
   const dim3 grid((p.q_len + Br - 1) / Br, p.heads, p.batch);
   kernel<<<grid, threads, smem_bytes>>>(p, fa::cuda_ptr(q), fa::cuda_ptr(k), fa::cuda_ptr(v), fa::cuda_ptr(o), lse,
                                         block_mask);

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "cuda_check.cuh"
+#include "device.cuh"
 #include "lowp.cuh"
 #include "problem.hpp"
 #include "sm90_layout.hpp"
@@ -56,7 +57,7 @@ using TmaKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, T
 template <class Tc>
 void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
                 const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this Hopper step");
   kernel<<<grid, threads, smem_bytes>>>(q, k, v, p, o, lse);
   CHECK_LAUNCH();
 }
