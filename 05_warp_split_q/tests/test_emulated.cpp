@@ -141,3 +141,22 @@ TEST_CASE("emulated step 8 block-sparse: a fully masked row block gives O = 0, L
   std::fill(m.bits.begin(), m.bits.end(), 0);
   check_block_sparse_both(p, m);
 }
+
+TEST_CASE("emulated kernels: causal edges of the tiles: kv_len - q_len = Bc - 2 (mod Bc), a whole Q block with no key") {
+  // kv_len - q_len = 62 and 126: the diagonal crosses every K/V tile (Bc = 64 or 128) two keys before its end, where
+  // a tile-level causal test off by one keeps or drops a tile it should not. q_len - kv_len = 200: the first Q block
+  // of 128 rows (steps 7 and 8) sees no key at all.
+  for (auto [nq, nk] : std::vector<std::pair<int, int>>{{70, 132}, {70, 196}, {300, 100}}) {
+    check_all(make(2, 2, 1, nq, nk, 64, true));
+    check_all(make(1, 1, 1, nq, nk, 128, true));
+  }
+}
+
+TEST_CASE("emulated kernels: a negative and a tiny scale, causal and ragged") {
+  for (float scale : {-0.125f, 1e-6f}) {
+    INFO("scale ", scale);
+    Problem p = make(2, 2, 1, 97, 203, 64, true);
+    p.scale = scale;
+    check_all(p);
+  }
+}

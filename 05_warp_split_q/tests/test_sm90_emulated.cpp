@@ -89,3 +89,10 @@ TEST_CASE("emulated Hopper steps: a negative and a tiny scale, with masked keys 
     check_both(p);
   }
 }
+
+TEST_CASE("emulated Hopper steps: causal edges of the tiles (kv_len - q_len = Bc - 2), a whole Q block with no key") {
+  // Bc = 128: kv_len - q_len = 126 puts the diagonal two keys before the end of every K/V tile; q_len - kv_len = 200
+  // leaves the first Q block of 128 rows without a key (its consumers must still write O = 0, LSE = -inf).
+  check_both(make(2, 2, 1, 100, 226, 64, true));
+  check_both(make(1, 1, 1, 300, 100, 128, true));
+}
