@@ -10,11 +10,15 @@
 //     succeeds once the phase of parity P has completed. A TMA copy lands as late as the rules allow - when a
 //     thread waits on its barrier - with the 128-byte swizzle (sm90_layout.hpp's swizzle128) and zeros outside the
 //     tensor, and then counts its bytes: a tile read without waiting for its barrier is garbage.
-//   * wgmma computes at issue: A and B read from shared memory through the descriptor the kernel built (start,
-//     leading and stride byte offsets decoded, the canonical layouts of the PTX ISA, the swizzle applied to the
-//     address), or A from the registers of the 4 lanes that hold its rows (the mma.sync A layout, per warp). The
-//     accumulator layout: register 4n + e of lane (g, t) of warp w is row 16w + g + 8 (e / 2), column
-//     8n + 2t + e % 2. commit/wait/fence are no-ops (the product is already there).
+//   * wgmma reads A and B from shared memory through the descriptor the kernel built (start, leading and stride
+//     byte offsets decoded, the canonical layouts of the PTX ISA, the swizzle applied to the address), or A from the
+//     registers of the 4 lanes that hold its rows (the mma.sync A layout, per warp). The accumulator layout:
+//     register 4n + e of lane (g, t) of warp w is row 16w + g + 8 (e / 2), column 8n + 2t + e % 2.
+//     Asynchronous as on the GPU: a wgmma's product lands in its accumulator registers only at the wgmma.wait_group
+//     that retires its commit group; until then those registers hold NaN, so a kernel that reads them too early
+//     (a wait missing or too late) computes garbage. Its shared-memory operands are read at issue and again at that
+//     wait: if they changed in between (a buffer released and refilled while the wgmma still reads it), the test
+//     stops with an error.
 // Slow, and it proves nothing about timing or about what the asynchronous hardware might reorder; it does check
 // the index arithmetic, the phases and the layouts.
 #pragma once
@@ -31,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <array>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <type_traits>
@@ -202,8 +207,8 @@ inline float quad_sum(float x) {
 
 namespace {
 alignas(1024) unsigned char smem_raw[232 * 1024];  // the kernels' `extern __shared__` array (one block at a time)
-}  // namespace
 inline uint32_t smem_addr(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - smem_raw); }
+}  // namespace
 
 namespace sm90 {
 
@@ -246,7 +251,10 @@ inline void copy_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, i
   m.tx -= long(map->box_rows) * kRowBytes;
   emu9::mbar_check(m);
 }
+// From its issue until its barrier completes, a copy's destination holds nothing defined: garbage here, at once, so
+// that a wgmma still reading the buffer's previous tile (a buffer released too early) reads it and is caught.
 inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  std::memset(dst, 0xA5, size_t(map->box_rows) * kRowBytes);
   emu9::in_flight[bar].push_back({dst, map, c0, c1, c2});
 }
 inline void land(uint64_t* bar) {
@@ -260,11 +268,12 @@ inline void land(uint64_t* bar) {
 inline uint64_t desc_k_major(const void* tile) { return k_major_desc(smem_addr(tile)); }
 inline uint64_t desc_mn_major(const void* tile, uint32_t panel) { return mn_major_desc(smem_addr(tile), panel); }
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int N>
-inline void wgmma_wait() {}
 template <int N>
 inline void fence_operands(float (&)[N]) {}
+
+// Everything that reads smem_raw is internal to the translation unit, as smem_raw is: each step's file is compiled
+// with its own copy of this header, and one file's wgmma must never read another file's shared memory.
+namespace {
 
 // The 16-bit value at a descriptor's element, the canonical layouts of the PTX ISA (128-byte swizzle).
 inline uint16_t at_k_major(uint64_t d, int row, int k) {
@@ -282,33 +291,103 @@ inline uint16_t at_mn_major(uint64_t d, int k, int n) {
 }
 
 // This thread's accumulators of a 64 x N product: register 4n + e at row 16 w + g + 8 (e / 2), column 8n + 2t + e % 2.
+// `in`: the accumulators it adds to (nullptr: zero).
 template <int N, class A, class B>
-inline void accumulate(float* d, A a_at, B b_at, bool accumulate) {
+inline std::vector<float> product(const float* in, A a_at, B b_at) {
   const int w = emu9::warp() % 4, g = emu9::lane() / 4, t = emu9::lane() % 4;
+  std::vector<float> d(N / 2);
   for (int n = 0; n < N / 8; ++n)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
-      float acc = accumulate ? d[4 * n + e] : 0.f;
+      float acc = in ? in[4 * n + e] : 0.f;
       for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, col);
       d[4 * n + e] = acc;
+    }
+  return d;
+}
+
+// The wgmma of this thread in flight: where its product lands, and how to compute it again from shared memory
+// (its register operands as they were at issue).
+struct Wgmma {
+  float* d;
+  std::vector<float> in;      // the accumulators it adds to, as of its issue (empty: it starts from zero)
+  std::vector<float> result;  // computed from shared memory at issue
+  std::function<std::vector<float>(const float*)> recompute;
+};
+struct InFlight {
+  std::vector<Wgmma> open;                     // issued since the last commit
+  std::vector<std::vector<Wgmma>> committed;   // oldest first
+  std::map<float*, std::vector<float>> value;  // an accumulator array's value once everything in flight has landed
+};
+inline std::vector<InFlight> wgmmas;  // per thread of the block
+
+inline void issue(float* d, int regs, bool accumulate, std::function<std::vector<float>(const float*)> compute) {
+  InFlight& f = wgmmas[emu9::current];
+  Wgmma w{d, {}, {}, std::move(compute)};
+  if (accumulate) {  // adds to what d will hold once the wgmma before it on d have landed (or holds now)
+    const auto it = f.value.find(d);
+    w.in = it != f.value.end() ? it->second : std::vector<float>(d, d + regs);
+  }
+  w.result = w.recompute(accumulate ? w.in.data() : nullptr);
+  f.value[d] = w.result;
+  for (int r = 0; r < regs; ++r) d[r] = NAN;  // undefined until the wait that retires it
+  f.open.push_back(std::move(w));
+}
+
+inline void wgmma_commit() {
+  InFlight& f = wgmmas[emu9::current];
+  f.committed.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+// wgmma.wait_group N: every committed group but the N newest has landed.
+template <int N>
+inline void wgmma_wait() {
+  emu9::yield();  // the wgmma take time: every other thread runs meanwhile (a producer may refill a buffer)
+  InFlight& f = wgmmas[emu9::current];
+  while (f.committed.size() > size_t(N)) {
+    for (Wgmma& w : f.committed.front()) {
+      const std::vector<float> again = w.recompute(w.in.empty() ? nullptr : w.in.data());
+      if (std::memcmp(again.data(), w.result.data(), again.size() * sizeof(float)) != 0) {
+        std::fprintf(stderr, "emulated wgmma: thread %d: shared memory a wgmma reads changed between its issue and "
+                             "the wait that retires it (a buffer released or refilled too early)\n", emu9::current);
+        std::abort();
+      }
+      std::copy(w.result.begin(), w.result.end(), w.d);
+    }
+    f.committed.erase(f.committed.begin());
+  }
+  bool pending = !f.open.empty();
+  for (const auto& group : f.committed) pending = pending || !group.empty();
+  if (!pending) f.value.clear();
+  else  // keep the values of arrays still in flight only
+    for (auto it = f.value.begin(); it != f.value.end();) {
+      bool used = false;
+      for (const auto& group : f.committed)
+        for (const Wgmma& w : group) used = used || w.d == it->first;
+      for (const Wgmma& w : f.open) used = used || w.d == it->first;
+      it = used ? std::next(it) : f.value.erase(it);
     }
 }
 
 template <class T>
 inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
   constexpr bool h = std::is_same_v<T, fa::half_t>;
-  accumulate<128>(
-      d, [&](int row, int k) { return value16(at_k_major(desc_a, row, k), h); },
-      [&](int k, int col) { return value16(at_k_major(desc_b, col, k), h); }, accumulate_d != 0);
+  issue(d, 64, accumulate_d != 0, [=](const float* in) {
+    return product<128>(
+        in, [&](int row, int k) { return value16(at_k_major(desc_a, row, k), h); },
+        [&](int k, int col) { return value16(at_k_major(desc_b, col, k), h); });
+  });
 }
 
-// A from registers: the rows this lane needs are held by the 4 lanes of its quad (mma.sync's A layout).
+// A from registers: the rows this lane needs are held by the 4 lanes of its quad (mma.sync's A layout), read at
+// issue (the kernel must not change them before the wait; the emulation takes them as they are then).
 template <class T, int N>
 inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   constexpr bool h = std::is_same_v<T, fa::half_t>;
   for (int x = 0; x < 4; ++x) emu9::slots[threadIdx.x][x] = a[x];
   emu9::warp_sync();
-  float A[16][16];  // rows 16 w .. 16 w + 15 of A, as seen by this warp
+  std::array<std::array<float, 16>, 16> A;  // rows 16 w .. 16 w + 15 of A, as seen by this warp
   const int base = emu9::warp() * 32;
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
@@ -318,10 +397,14 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b)
     }
   }
   emu9::warp_sync();
-  accumulate<N>(
-      d, [&](int row, int k) { return A[row % 16][k]; }, [&](int k, int col) { return value16(at_mn_major(desc_b, k, col), h); },
-      true);
+  issue(d, N / 2, true, [=](const float* in) {
+    return product<N>(
+        in, [&](int row, int k) { return A[row % 16][k]; },
+        [&](int k, int col) { return value16(at_mn_major(desc_b, k, col), h); });
+  });
 }
+
+}  // namespace
 
 template <class T>
 CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int box_rows) {
@@ -351,6 +434,7 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
         for (emu9::Barrier& b : emu9::named) b = {};
         emu9::warp_barriers.assign(threads / 32, {});
         emu9::slots.assign(threads, {});
+        wgmmas.assign(threads, {});
         emu9::body = [] { kk(mq, mk, mv, *pp, oo, ll); };
         emu9::run_block(threads, dim3(bx, by, bz));
       }
