@@ -43,15 +43,6 @@ fa::Options defaults() {
   return o;
 }
 
-// Inputs rounded to the dtype once; every kernel and the references read these values. A value beyond the dtype's
-// range is bad input (exit 2), found here, before the GPU is looked for.
-void round_inputs(fa::Dtype t, fa::HostTensors& in) {
-  in.q = fa::rounded_input(t, std::move(in.q), "q.npy");
-  in.k = fa::rounded_input(t, std::move(in.k), "k.npy");
-  in.v = fa::rounded_input(t, std::move(in.v), "v.npy");
-  if (!in.dout.empty()) in.dout = fa::rounded_input(t, std::move(in.dout), "do.npy");
-}
-
 template <class T>
 std::vector<float> widen(const std::vector<T>& x) {
   std::vector<float> y(x.size());
@@ -215,7 +206,7 @@ int main(int argc, char** argv) try {
   if (!f.block_mask.empty()) mask = fa::block_mask_from_spec(f.block_mask, p);
   fa::check_outputs_writable(opts);
   fa::HostTensors in = fa::load_inputs(opts, p, f.backward);
-  round_inputs(t, in);
+  fa::round_inputs(t, in);  // once: every kernel and reference reads these values; beyond fp16's range: exit 2
   std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), f.backward ? "forward + backward" : "forward");
   std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
   if (!f.block_mask.empty())

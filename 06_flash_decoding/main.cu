@@ -386,9 +386,7 @@ int main(int argc, char** argv) try {
   fa::HostTensors files;
   if (!opts.in_dir.empty()) {  // rounded to the dtype here: a value beyond its range is bad input, before the GPU
     files = fa::load_inputs(opts, p, false);
-    files.q = fa::rounded_input(s.t, std::move(files.q), "q.npy");
-    files.k = fa::rounded_input(s.t, std::move(files.k), "k.npy");
-    files.v = fa::rounded_input(s.t, std::move(files.v), "v.npy");
+    fa::round_inputs(s.t, files);
   }
   std::printf("problem: %s dtype=%s\n", fa::describe(p).c_str(), fa::dtype_name(s.t));
 

@@ -24,6 +24,7 @@
 
 #include "block_mask.hpp"
 #include "dtype.hpp"
+#include "inputs.hpp"
 #include "problem.hpp"
 
 namespace fa {
@@ -55,6 +56,14 @@ inline std::vector<float> rounded_input(Dtype t, std::vector<float> x, const std
                        " (its largest finite value: " + (t == Dtype::fp16 ? "65504" : "3.4e38") + ")");
   return x;
 }
+// A program's inputs rounded to the dtype on load, each checked as rounded_input does: q, k, v, and dO if loaded.
+inline void round_inputs(Dtype t, HostTensors& in) {
+  in.q = rounded_input(t, std::move(in.q), "q.npy");
+  in.k = rounded_input(t, std::move(in.k), "k.npy");
+  in.v = rounded_input(t, std::move(in.v), "v.npy");
+  if (!in.dout.empty()) in.dout = rounded_input(t, std::move(in.dout), "do.npy");
+}
+
 // The 16-bit values themselves, for upload (T = half_t or bfloat16_t).
 template <class T>
 std::vector<T> to_dtype(const std::vector<float>& x) {
