@@ -315,9 +315,17 @@ struct Wgmma {
   std::function<std::vector<float>(const float*)> recompute;
 };
 struct InFlight {
-  std::vector<Wgmma> open;                     // issued since the last commit
-  std::vector<std::vector<Wgmma>> committed;   // oldest first
-  std::map<float*, std::vector<float>> value;  // an accumulator array's value once everything in flight has landed
+  std::vector<Wgmma> open;                    // issued since the last commit
+  std::vector<std::vector<Wgmma>> committed;  // oldest first
+  // The newest wgmma in flight on d (its result is what d will hold once it lands), or nullptr.
+  const Wgmma* newest_on(const float* d) const {
+    for (auto w = open.rbegin(); w != open.rend(); ++w)
+      if (w->d == d) return &*w;
+    for (auto g = committed.rbegin(); g != committed.rend(); ++g)
+      for (auto w = g->rbegin(); w != g->rend(); ++w)
+        if (w->d == d) return &*w;
+    return nullptr;
+  }
 };
 inline std::vector<InFlight> wgmmas;  // per thread of the block
 
@@ -325,11 +333,10 @@ inline void issue(float* d, int regs, bool accumulate, std::function<std::vector
   InFlight& f = wgmmas[emu9::current];
   Wgmma w{d, {}, {}, std::move(compute)};
   if (accumulate) {  // adds to what d will hold once the wgmma before it on d have landed (or holds now)
-    const auto it = f.value.find(d);
-    w.in = it != f.value.end() ? it->second : std::vector<float>(d, d + regs);
+    const Wgmma* before = f.newest_on(d);
+    w.in = before ? before->result : std::vector<float>(d, d + regs);
   }
   w.result = w.recompute(accumulate ? w.in.data() : nullptr);
-  f.value[d] = w.result;
   for (int r = 0; r < regs; ++r) d[r] = NAN;  // undefined until the wait that retires it
   f.open.push_back(std::move(w));
 }
@@ -357,17 +364,6 @@ inline void wgmma_wait() {
     }
     f.committed.erase(f.committed.begin());
   }
-  bool pending = !f.open.empty();
-  for (const auto& group : f.committed) pending = pending || !group.empty();
-  if (!pending) f.value.clear();
-  else  // keep the values of arrays still in flight only
-    for (auto it = f.value.begin(); it != f.value.end();) {
-      bool used = false;
-      for (const auto& group : f.committed)
-        for (const Wgmma& w : group) used = used || w.d == it->first;
-      for (const Wgmma& w : f.open) used = used || w.d == it->first;
-      it = used ? std::next(it) : f.value.erase(it);
-    }
 }
 
 template <class T>
