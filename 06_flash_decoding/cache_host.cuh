@@ -4,12 +4,11 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <vector>
 
 #include "device_buffer.cuh"
 #include "flash_decoding.cuh"
-#include "random.hpp"
+#include "pages.hpp"
 
 namespace fdec {
 
@@ -43,28 +42,19 @@ struct DeviceCache {
     return Cache{k_pages.get(), v_pages.get(), kv_lens.get(), block_table.get(), pages_per_seq, page_size};
   }
 
-  // Copies each sequence's pages (ceil(n_b / page_size) of them) into a pool in a shuffled order (seed), so the block
-  // table is a real indirection. The tail of a last page past n_b is zero and never read.
+  // Copies each sequence's pages into a pool in pages.hpp's shuffled order, so the block table is a real
+  // indirection. The tail of a last page past n_b is zero and never read.
   void build_pages(const fa::Problem& p, const std::vector<int>& lens, int page, uint64_t seed) {
     check_page_size(page);
-    page_size = page, pages_per_seq = (p.kv_len + page - 1) / page;
-    std::vector<int> used(p.batch);
-    for (int b = 0; b < p.batch; ++b) used[b] = (lens[b] + page - 1) / page;
-    num_pages = std::max(1, std::accumulate(used.begin(), used.end(), 0));  // one spare page keeps the pool non-empty
-    std::vector<int> ids(num_pages);
-    std::iota(ids.begin(), ids.end(), 0);
-    fa::Rng rng(seed);
-    for (int i = num_pages - 1; i > 0; --i) std::swap(ids[i], ids[rng.next() % uint64_t(i + 1)]);
-    std::vector<int> table(size_t(p.batch) * pages_per_seq, -1);
-    const size_t page_elems = size_t(p.kv_heads) * page * p.head_dim;
+    const PageTable t = page_table(p, lens, page, seed);
+    page_size = page, pages_per_seq = t.pages_per_seq, num_pages = t.num_pages;
+    const size_t page_elems = t.page_elems(p);
     k_pages = fa::DeviceBuffer<uint16_t>(num_pages * page_elems);
     v_pages = fa::DeviceBuffer<uint16_t>(num_pages * page_elems);
     k_pages.zero(), v_pages.zero();
-    int next = 0;
     for (int b = 0; b < p.batch; ++b)
-      for (int pg = 0; pg < used[b]; ++pg) {
-        const int id = ids[next++], rows = std::min(page, lens[b] - pg * page);
-        table[size_t(b) * pages_per_seq + pg] = id;
+      for (int pg = 0; pg < t.used[b]; ++pg) {
+        const int id = t.table[size_t(b) * pages_per_seq + pg], rows = std::min(page, lens[b] - pg * page);
         // Hkv strided blocks of `rows` key rows: cache [b, hk, pg*page .. , :] -> pool [id, hk, 0 .., :]
         const size_t row_bytes = size_t(p.head_dim) * 2;
         for (auto [src, dst] : {std::pair{k.get(), k_pages.get()}, std::pair{v.get(), v_pages.get()}})
@@ -72,7 +62,7 @@ struct DeviceCache {
                                   src + p.kv_offset(b, 0) + size_t(pg) * page * p.head_dim, size_t(p.kv_len) * row_bytes,
                                   size_t(rows) * row_bytes, p.kv_heads, cudaMemcpyDeviceToDevice));
       }
-    block_table = fa::DeviceBuffer<int>(table);
+    block_table = fa::DeviceBuffer<int>(t.table);
   }
 };
 

@@ -5,10 +5,12 @@
 #include "flash_decoding.cuh"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
 #include "device.cuh"
+#include "device_buffer.cuh"
 #include "model.hpp"
 #include "plan.hpp"
 #include "steps/steps.hpp"
@@ -102,10 +104,6 @@ Launch plan(const Step& step, const fa::Problem& p, fa::Dtype t, int max_len, in
   return l;
 }
 
-size_t workspace_floats(const fa::Problem& p, int splits) {
-  return splits > 1 ? size_t(splits) * p.lse_elems() * (p.head_dim + 1) : 0;
-}
-
 void forward(const Step& step, const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache, void* o,
              float* lse, const Launch& launch, float phi, float* workspace, int* fallbacks) {
   const Kernel& kernel = step.launch;
@@ -115,6 +113,17 @@ void forward(const Step& step, const fa::Problem& p, fa::Dtype t, const void* q,
     throw std::invalid_argument("forward: splits > 1 needs workspace_floats() floats");
   if (kernel.paged) check_page_size(cache.page_size);
   kernel.forward(p, t, q, cache, o, lse, launch, phi, workspace, fallbacks);
+}
+
+// merge.cuh: the fused merge's arrival counters, zeroed once per device and left at zero by every launch.
+int* merge_counters(size_t n) {
+  static std::map<int, fa::DeviceBuffer<int>> per_device;  // each device's own, in its own memory
+  fa::DeviceBuffer<int>& counters = per_device[fa::current_device()];
+  if (counters.size() < n) {
+    counters = fa::DeviceBuffer<int>(n);
+    counters.zero();
+  }
+  return counters.get();
 }
 
 bool kv_evict_first_here(const fa::Problem& p, int max_len) {

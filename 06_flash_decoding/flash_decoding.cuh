@@ -79,7 +79,9 @@ const Step& kernel_named(const std::string& name);
 Launch plan(const Step& kernel, const fa::Problem& p, fa::Dtype t, int max_len, int splits_override);
 
 // Device memory forward() needs with `splits` > 1: O_s [splits, B*H*q_len, d] and LSE_s [splits, B*H*q_len], fp32.
-size_t workspace_floats(const fa::Problem& p, int splits);
+inline size_t workspace_floats(const fa::Problem& p, int splits) {
+  return splits > 1 ? size_t(splits) * p.lse_elems() * (p.head_dim + 1) : 0;
+}
 
 // One decode step: O (dtype) and LSE (fp32). q, o: 16-bit device arrays of the dtype. fallbacks: a device int the
 // unified-max kernel adds 1 to for every split block that fell back to the running max (other kernels leave it).

@@ -293,8 +293,8 @@ inline std::vector<float> plain(fa::Dtype t, const fa::Problem& p, const std::ve
 inline int max_splits(int n) { return std::clamp((n + fdec::kMinSplitKeys - 1) / fdec::kMinSplitKeys, 1, fdec::kMaxSplits); }
 
 // blocks = blocks without splitting (batch x units x row chunks); slots = the SMs (the program passes the device's
-// SM count). Not SMs x resident blocks: on an H100 the sweep of B = 1, GQA 32/8, 32k measured 1778 GB/s at 16
-// splits (128 blocks, one per SM) against 1557 at the 48 that counting 3 resident blocks per SM chose. A second
+// SM count). Not SMs x resident blocks: on an H100 the sweep of B = 1, GQA 32/8, 32k measured 2019 GB/s at 16
+// splits (128 blocks, one per SM) against 1883 at the 48 that counting 3 resident blocks per SM chose. A second
 // block on an SM shares that SM's bandwidth rather than adding its own; what counts is the bytes each SM keeps in
 // flight (README §4.1), and every extra split adds a partial to write and merge.
 // Time ~ waves(S) x keys per block ~ ceil(blocks S / slots) x n / S: pick the smallest S within 5% of the best

@@ -1,17 +1,15 @@
 // The host side every step file shares: the compiled configurations (dtype x head_dim, row bucket) as compile-time
-// constants, the kernel's Args from forward()'s arguments, and a kernel with its shared-memory limit raised once
-// (for the launch and for plan()'s occupancy query). Only host code: the kernels are the step files' own.
+// constants, the kernel's Args from forward()'s arguments, the split grid, and (ready.cuh) the launch itself. Only
+// host code: the kernels are the step files' own.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <set>
 #include <type_traits>
 
 #include "block.cuh"
-#include "cuda_check.cuh"
-#include "device.cuh"
 #include "flash_decoding.cuh"
+#include "ready.cuh"
 
 namespace fdec {
 
@@ -40,23 +38,6 @@ void with_config(fa::Dtype t, int d, int bucket, F&& f) {
     else if (bucket == 4) f(tag, dim, Int<4>{});
     else f(tag, dim, Int<kMaxRows>{});
   });
-}
-
-// The kernel function Kernel, with its dynamic shared-memory limit raised to Bytes the first time it is asked for
-// on the current device (above 48 KB a kernel must opt in, on every device it runs on). One host thread.
-template <auto Kernel, int Bytes>
-auto ready() {
-  static std::set<int> raised;  // the devices where the limit is raised
-  if (raised.insert(fa::current_device()).second)
-    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
-  return Kernel;
-}
-// How many blocks of Kernel (kThreads threads, Bytes of shared memory) one SM holds: plan() prints it.
-template <auto Kernel, int Bytes>
-int occupancy() {
-  int n = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ready<Kernel, Bytes>(), kThreads, Bytes));
-  return n;
 }
 
 // The kernel's arguments for forward()'s: packed or one head per unit (plan.hpp's Rows), the workspace cut into

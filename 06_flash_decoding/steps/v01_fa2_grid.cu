@@ -1,7 +1,7 @@
 // Step 1, fa2_grid (README §1): chapter 04's FlashAttention-2 grid at decode time. One block per (query head, batch
 // entry), per 16-row chunk when q_len rows do not fit one block, walks all n_b keys of its entry alone and writes O
 // and LSE itself. At q_len = 1 that is B x H blocks (32 for one sequence of a 32-head model, on 132 SMs): the
-// baseline steps 2 - 9 improve on. The block is the one every later step builds on, Algorithm 1 for one split of the
+// baseline steps 2 - 9 improve on. The block is the one every later step builds on, Listing 1 for one split of the
 // keys, launched with a single split: line 2's range is every key of the entry, and line 12 writes O and LSE
 // directly (its other branch, the partial of a split, is step 2's and never runs here).
 // Grid (1, row chunks, B x H), 128 threads = 4 warps (x counts splits: one here).
@@ -12,7 +12,7 @@
 //   PV:  lane c owns d/32 output columns and adds P_rj V_j[c] over the chunk.
 // Shared memory (Smem<D, R, 1, false>): K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB at d = 128, 36.9 KB at
 // d = 64), the end-of-loop scratch reusing them; Q R x d x 4 B and P 4 x R x 32 x 4 B (8 KB each at 16 rows, d = 128).
-// README Algorithm 1, lines 1-12 with one split (S = 1).
+// README Listing 1, lines 1-12 with one split (N_s = 1).
 #include "kv_copy.cuh"
 #include "launch.cuh"
 #include "steps.hpp"
@@ -22,7 +22,7 @@ namespace {
 
 constexpr bool kPacked = false;  // one query head per block
 
-// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// Listing 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
 // chunks, which it writes to the scratch.
 template <class T, int D, int R>
 __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
@@ -205,8 +205,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     Args<T> a = make_args<T>(p, kPacked, q, cache, o, lse, launch, phi, workspace, fallbacks);
     a.splits = 1;  // one block walks all the keys of its unit, whatever the plan
     const dim3 grid(1, launch.row_chunks, p.batch * units_of(p, kPacked));
-    ready<split_kernel<T, D, R>, kBytes>()<<<grid, kThreads, kBytes>>>(a);
-    CHECK_LAUNCH();
+    launch_kernel(ready<split_kernel<T, D, R>, kBytes>(), grid, kBytes, a);
   });
 }
 

@@ -1,6 +1,6 @@
 // Step 2, split_kv (README §2): Flash-Decoding. The keys of every row are cut into S splits (plan.hpp's split_range:
 // whole 32-key chunks), one block per split; each runs the online softmax over its keys and writes a partial
-// (O_s, LSE_s) to a workspace, and the merge kernel (merge.cu, Algorithm 2) combines the partials by their LSE.
+// (O_s, LSE_s) to a workspace, and the merge kernel (merge.cu, Listing 2) combines the partials by their LSE.
 // The idea over step 1: more blocks, by cutting the one long dimension of a decode step, so that every SM streams
 // K/V. Still one query head per block (a unit = one query head, q_len rows), as in step 1.
 // Grid (splits, row chunks, B x H), 128 threads = 4 warps; a unit of more than 16 rows is cut into row chunks.
@@ -11,7 +11,7 @@
 //   PV:  lane c owns d/32 output columns and adds P_rj V_j[c] over the chunk.
 // Shared memory (Smem<D, R, 1, false>): K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB at d = 128, 36.9 KB at
 // d = 64), the end-of-loop scratch reusing them; Q R x d x 4 B and P 4 x R x 32 x 4 B (8 KB each at 16 rows, d = 128).
-// README Algorithm 1, lines 1-12; Algorithm 2 is the merge kernel (merge.cu) when there is more than one split.
+// README Listing 1, lines 1-12; Listing 2 is the merge kernel (merge.cu) when there is more than one split.
 #include "kv_copy.cuh"
 #include "launch.cuh"
 #include "merge.cuh"
@@ -22,7 +22,7 @@ namespace {
 
 constexpr bool kPacked = false;  // one query head per block
 
-// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// Listing 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
 // chunks, which it writes to the scratch.
 template <class T, int D, int R>
 __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
@@ -203,8 +203,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value, R = decltype(rows)::value, kBytes = Smem<D, R, 1, false>::kBytes;
     const Args<T> a = make_args<T>(p, kPacked, q, cache, o, lse, launch, phi, workspace, fallbacks);
-    ready<split_kernel<T, D, R>, kBytes>()<<<split_grid(p, kPacked, launch), kThreads, kBytes>>>(a);
-    CHECK_LAUNCH();
+    launch_kernel(ready<split_kernel<T, D, R>, kBytes>(), split_grid(p, kPacked, launch), kBytes, a);
     if (launch.splits > 1) merge_partials<T, D>(int(p.lse_elems()), launch.splits, a.ws_o, a.ws_lse, a.o, a.lse);
   });
 }

@@ -11,7 +11,7 @@
 // Shared memory (Smem<D, R, 2, false>): two stages of K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (139 KB at d = 128),
 // the scratch reusing the first; Q and P as in step 3: 152 KB at d = 128 and 16 rows, one block per SM (sm_80
 // allows 163 KB, sm_90 227 KB; plan() refuses sm_86/sm_89 at d = 128).
-// README Algorithm 1, lines 1-12 (line 4 one chunk ahead); Algorithm 2 is the merge kernel (merge.cu).
+// README Listing 1, lines 1-12 (line 4 one chunk ahead); Listing 2 is the merge kernel (merge.cu).
 #include "kv_copy.cuh"
 #include "launch.cuh"
 #include "merge.cuh"
@@ -22,7 +22,7 @@ namespace {
 
 constexpr bool kPacked = true;  // the query heads of a kv group share a block
 
-// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// Listing 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
 // chunks, which it writes to the scratch. While chunk t is computed, chunk t + 1 is already being copied into the
 // warp's other buffer; the arithmetic, and so every bit of the result, is step 3's.
 template <class T, int D, int R>
@@ -230,8 +230,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value, R = decltype(rows)::value, kBytes = Smem<D, R, 2, false>::kBytes;
     const Args<T> a = make_args<T>(p, kPacked, q, cache, o, lse, launch, phi, workspace, fallbacks);
-    ready<split_kernel<T, D, R>, kBytes>()<<<split_grid(p, kPacked, launch), kThreads, kBytes>>>(a);
-    CHECK_LAUNCH();
+    launch_kernel(ready<split_kernel<T, D, R>, kBytes>(), split_grid(p, kPacked, launch), kBytes, a);
     if (launch.splits > 1) merge_partials<T, D>(int(p.lse_elems()), launch.splits, a.ws_o, a.ws_lse, a.o, a.lse);
   });
 }

@@ -11,7 +11,7 @@
 // Shared memory (Smem<D, R, 2, false>): two stages of K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (139 KB at d = 128),
 // the scratch reusing the first; Q and P as in step 3: 152 KB at d = 128 and 16 rows, one block per SM (sm_80
 // allows 163 KB, sm_90 227 KB; plan() refuses sm_86/sm_89 at d = 128).
-// README Algorithm 1, lines 1-13 (line 4 one chunk ahead); Algorithm 2 in the last block of a row chunk (line 13).
+// README Listing 1, lines 1-13 (line 4 one chunk ahead); Listing 2 in the last block of a row chunk (line 13).
 #include "kv_copy.cuh"
 #include "launch.cuh"
 #include "merge.cuh"
@@ -22,7 +22,7 @@ namespace {
 
 constexpr bool kPacked = true;  // the query heads of a kv group share a block
 
-// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// Listing 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
 // chunks, which it writes to the scratch. While chunk t is computed, chunk t + 1 is already being copied into the
 // warp's other buffer (step 4).
 template <class T, int D, int R>
@@ -139,7 +139,7 @@ __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, 
 
 // Lines 11-13 for the block's rows, once attend has left every warp's (m, l, O~) in the scratch: the warps merged,
 // then the partial s of `splits` written (O_s, LSE_s), or with one split O and LSE themselves; then the block that
-// brings the rows' arrival counter `done` to `splits` merges them (Algorithm 2). fin: the block's M, L and warp
+// brings the rows' arrival counter `done` to `splits` merges them (Listing 2). fin: the block's M, L and warp
 // weights (Smem's kFin).
 template <class T, int D, int R>
 __device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float* fin, int b, int u, int r0, int nrows,
@@ -186,7 +186,7 @@ __device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float
   // atomic, whose release makes them visible device-wide with the count (release is cumulative); its acquire, passed
   // on by the second barrier, orders the last block's reads after every other block's published partial.
   if (direct) return;
-  __shared__ int last;
+  static __shared__ int last;  // one for the block (static: as every __shared__ variable is)
   __syncthreads();
   if (threadIdx.x == 0) {
     last = atomic_add_acq_rel(done, 1) == splits - 1;
@@ -251,8 +251,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     const dim3 grid = split_grid(p, kPacked, launch);
     // the arrival counters, one per (row chunk, batch entry x unit); with one split there is nothing to merge
     a.done = launch.splits > 1 ? merge_counters(size_t(grid.y) * grid.z) : nullptr;
-    ready<split_kernel<T, D, R>, kBytes>()<<<grid, kThreads, kBytes>>>(a);
-    CHECK_LAUNCH();
+    launch_kernel(ready<split_kernel<T, D, R>, kBytes>(), grid, kBytes, a);
   });
 }
 

@@ -7,7 +7,7 @@
 // Grid (splits, row chunks, B x Hkv), 128 threads = 4 warps; every unit is cut into 16-row chunks (row bucket 16).
 // Shared memory (Smem<D, 16, 2, true>): the two K/V stages and the merge weights alone, Q and P being registers:
 // 139,648 bytes at d = 128 (74,112 at d = 64), one block per SM.
-// README Algorithm 1' (lines 1' and 5'-9'), Algorithm 1's lines 2-4 and 10-13, Algorithm 2 in the last block.
+// README Listing 1' (lines 1' and 5'-9'), Listing 1's lines 2-4 and 10-13, Listing 2 in the last block.
 // mma.sync, ldmatrix and the fragment maps are common/'s ptx.cuh (fa::tc) and frag.hpp (fa::frag), as in chapter 05.
 #include "kv_copy.cuh"
 #include "launch.cuh"
@@ -20,7 +20,7 @@ namespace {
 
 constexpr bool kPacked = true;  // the query heads of a kv group share a block
 
-// Algorithm 1 with lines 5-9 on tensor cores (README §4.3, Algorithm 1'), for the block's rows padded to one 16-row
+// Listing 1 with lines 5-9 on tensor cores (README §4.3, Listing 1'), for the block's rows padded to one 16-row
 // tile (rows >= nrows: Q = 0 and masked). The copies (line 4), the warps' chunks, the stages and lines 10-13 are
 // step 5's; what changes is who holds what. With g = lane / 4 and t = lane % 4 (frag.hpp):
 //   Q     A fragments of Q_i (16 x d, the dtype, unscaled), loaded from global memory once: lane holds rows g and
@@ -174,7 +174,7 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 
 // Lines 11-13 for the block's rows, once attend_mma has left every warp's (m, l, O~) in the scratch: the warps merged,
 // then the partial s of `splits` written (O_s, LSE_s), or with one split O and LSE themselves; then the block that
-// brings the rows' arrival counter `done` to `splits` merges them (Algorithm 2). fin: the block's M, L and warp
+// brings the rows' arrival counter `done` to `splits` merges them (Listing 2). fin: the block's M, L and warp
 // weights (Smem's kFin).
 template <class T, int D, int R>
 __device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float* fin, int b, int u, int r0, int nrows,
@@ -221,7 +221,7 @@ __device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float
   // atomic, whose release makes them visible device-wide with the count (release is cumulative); its acquire, passed
   // on by the second barrier, orders the last block's reads after every other block's published partial.
   if (direct) return;
-  __shared__ int last;
+  static __shared__ int last;  // one for the block (static: as every __shared__ variable is)
   __syncthreads();
   if (threadIdx.x == 0) {
     last = atomic_add_acq_rel(done, 1) == splits - 1;
@@ -277,8 +277,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     const dim3 grid = split_grid(p, kPacked, launch);
     // the arrival counters, one per (row chunk, batch entry x unit); with one split there is nothing to merge
     a.done = launch.splits > 1 ? merge_counters(size_t(grid.y) * grid.z) : nullptr;
-    ready<split_kernel<T, D>, kBytes>()<<<grid, kThreads, kBytes>>>(a);
-    CHECK_LAUNCH();
+    launch_kernel(ready<split_kernel<T, D>, kBytes>(), grid, kBytes, a);
   });
 }
 

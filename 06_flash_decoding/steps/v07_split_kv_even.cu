@@ -7,7 +7,7 @@
 // Grid: C blocks (one per SM unless --splits says otherwise), 128 threads = 4 warps; fewer chunks than blocks
 // (T < C): blocks T .. C - 1 have nothing to do. Each piece is step 6's block body for one tile and a key range.
 // Shared memory: step 6's (Smem<D, 16, 2, true>): 139,648 bytes at d = 128 (74,112 at d = 64), one block per SM.
-// README Algorithm 1' with Algorithm 1's lines 2-4 and 10-13 per piece, Algorithm 2 in a tile's last piece.
+// README Listing 1' with Listing 1's lines 2-4 and 10-13 per piece, Listing 2 in a tile's last piece.
 // mma.sync, ldmatrix and the fragment maps are common/'s ptx.cuh (fa::tc) and frag.hpp (fa::frag), as in chapter 05.
 #include "kv_copy.cuh"
 #include "launch.cuh"
@@ -20,7 +20,7 @@ namespace {
 
 constexpr bool kPacked = true;  // the query heads of a kv group share a block
 
-// Algorithm 1 with lines 5-9 on tensor cores (README §4.3, Algorithm 1'), for the block's rows padded to one 16-row
+// Listing 1 with lines 5-9 on tensor cores (README §4.3, Listing 1'), for the block's rows padded to one 16-row
 // tile (rows >= nrows: Q = 0 and masked): step 6's, for one piece. The copies (line 4), the warps' chunks, the
 // stages and lines 10-13 are step 5's; what changes is who holds what. With g = lane / 4 and t = lane % 4 (frag.hpp):
 //   Q     A fragments of Q_i (16 x d, the dtype, unscaled), loaded from global memory once: lane holds rows g and
@@ -174,7 +174,7 @@ __device__ __forceinline__ void attend_mma(const Args<T>& a, int b, int u, int h
 
 // Lines 11-13 for the block's rows, once attend_mma has left every warp's (m, l, O~) in the scratch: the warps merged,
 // then the partial s of `splits` written (O_s, LSE_s), or with one split O and LSE themselves; then the block that
-// brings the rows' arrival counter `done` to `splits` merges them (Algorithm 2). Here a split is a piece of a tile:
+// brings the rows' arrival counter `done` to `splits` merges them (Listing 2). Here a split is a piece of a tile:
 // s its index among the tile's pieces, `splits` their count (at most kMaxEvenBlocks). fin: the block's M, L and
 // warp weights (Smem's kFin).
 template <class T, int D, int R>
@@ -222,7 +222,7 @@ __device__ __forceinline__ void finish(const Args<T>& a, const char* smem, float
   // atomic, whose release makes them visible device-wide with the count (release is cumulative); its acquire, passed
   // on by the second barrier, orders the last block's reads after every other block's published partial.
   if (direct) return;
-  __shared__ int last;
+  static __shared__ int last;  // one for the block (static: as every __shared__ variable is)
   __syncthreads();
   if (threadIdx.x == 0) {
     last = atomic_add_acq_rel(done, 1) == splits - 1;
@@ -279,8 +279,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     Args<T> a = make_args<T>(p, kPacked, q, cache, o, lse, launch, phi, workspace, fallbacks);
     // the arrival counters, one per tile (batch entry, kv group, row chunk); launch.splits counts the blocks
     a.done = merge_counters(size_t(p.batch) * p.kv_heads * launch.row_chunks);
-    ready<even_kernel<T, D>, kBytes>()<<<launch.splits, kThreads, kBytes>>>(a, launch.row_chunks);
-    CHECK_LAUNCH();
+    launch_kernel(ready<even_kernel<T, D>, kBytes>(), launch.splits, kBytes, a, launch.row_chunks);
   });
 }
 

@@ -11,7 +11,7 @@
 //   PV:  lane c owns d/32 output columns and adds P_rj V_j[c] over the chunk.
 // Shared memory (Smem<D, R, 1, false>): K, V chunks 4 x 2 x 32 x (d + 8) x 2 B (69.6 KB at d = 128, 36.9 KB at
 // d = 64), the end-of-loop scratch reusing them; Q R x d x 4 B and P 4 x R x 32 x 4 B (8 KB each at 16 rows, d = 128).
-// README Algorithm 1, lines 1-12; Algorithm 2 is the merge kernel (merge.cu) when there is more than one split.
+// README Listing 1, lines 1-12; Listing 2 is the merge kernel (merge.cu) when there is more than one split.
 #include "kv_copy.cuh"
 #include "launch.cuh"
 #include "merge.cuh"
@@ -33,7 +33,7 @@ struct PagedRows {
   }
 };
 
-// Algorithm 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
+// Listing 1, lines 2-10, for the block's rows over its split's keys: each warp ends with (m, l, O~) of its
 // chunks, which it writes to the scratch.
 template <class T, int D, int R>
 __device__ __forceinline__ void attend(const Args<T>& a, int b, int hk, int r0, int nrows, KeyRange keys,
@@ -223,8 +223,7 @@ void forward(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cach
     a.block_table = cache.block_table;  // the cache is the page pools (forward() checked the page size)
     a.pages_per_seq = cache.pages_per_seq;
     a.log2_page = log2_of(cache.page_size);
-    ready<split_kernel<T, D, R>, kBytes>()<<<split_grid(p, kPacked, launch), kThreads, kBytes>>>(a);
-    CHECK_LAUNCH();
+    launch_kernel(ready<split_kernel<T, D, R>, kBytes>(), split_grid(p, kPacked, launch), kBytes, a);
     if (launch.splits > 1) merge_partials<T, D>(int(p.lse_elems()), launch.splits, a.ws_o, a.ws_lse, a.o, a.lse);
   });
 }
