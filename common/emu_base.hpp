@@ -3,6 +3,7 @@
 // either dtype - emu::IsHalf<T> tells a kernel's 16-bit type T as fp16 (fa::half_t here; a chapter that uses CUDA's
 // __half specialises it) or bf16.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -35,7 +36,19 @@ inline uint16_t bits16(float x, bool half) {
 inline float value16(uint16_t b, bool half) { return half ? fa::to_float(fa::half_t{b}) : fa::to_float(fa::bfloat16_t{b}); }
 }  // namespace emu
 
+// A warp's shuffle: each emulation defines it with its scheduler (emu_warp.hpp, chapter 05's emu/emu_sm90.hpp).
+inline float __shfl_xor_sync(unsigned mask, float x, int lane_mask);
+
 namespace fa::tc {
+// ptx.cuh's reductions over the 4 lanes of a quad (the lanes that share an mma row).
+inline float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
 // Two floats rounded to the dtype in one register, `lo` in the low half (ptx.cuh's pack2).
 template <class T>
 inline uint32_t pack2(float lo, float hi) {

@@ -160,14 +160,6 @@ inline uint32_t lds32(const void* p) {
   std::memcpy(&x, p, 4);
   return x;
 }
-inline float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-inline float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // ldmatrix.x4 (PTX ISA 9.7.14.5.15): lane 8m + r gives the address of row r of matrix m; lane L receives in
 // register m the two 16-bit values at (L / 4, 2 (L % 4) + e) of matrix m, or with .trans at (2 (L % 4) + e, L / 4).

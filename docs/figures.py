@@ -14,7 +14,7 @@ except ImportError:
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch  # noqa: E402
 
 # One box per chapter: name, what lives in HBM besides Q, K, V, O, extra memory, how the GPU is filled.
 CHAPTERS = [
@@ -57,15 +57,17 @@ def draw_map(path):
     return path
 
 
-def timeline(ax, rows, title):
-    """rows: [(label, [(start, length, text, color), ...])] drawn as horizontal bars, top to bottom."""
+def timeline(ax, rows, title, xlabel=True):
+    """rows: [(label, [(start, length, text, color), ...])] drawn as horizontal bars, top to bottom. A bar of one
+    unit holds about 8 characters a line: longer texts are given two lines ("\n")."""
     for y, (name, bars) in enumerate(reversed(rows)):
         for start, length, text, color in bars:
-            ax.barh(y, length, left=start, height=0.6, color=color, edgecolor="black", linewidth=0.6)
-            ax.text(start + length / 2, y, text, ha="center", va="center", fontsize=6.5)
+            ax.barh(y, length, left=start, height=0.66, color=color, edgecolor="black", linewidth=0.6)
+            ax.text(start + length / 2, y, text, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r[0] for r in reversed(rows)], fontsize=8)
-    ax.set_xlabel("time (schematic: one GEMM = 2 units, one softmax = 1 unit)")
+    if xlabel:
+        ax.set_xlabel("time (schematic: one GEMM = 2 units, one softmax = 1 unit)")
     ax.set_title(title, fontsize=10)
     ax.set_xlim(0, 14.5)
     ax.grid(True, axis="x", alpha=0.3)
@@ -74,44 +76,57 @@ def timeline(ax, rows, title):
 GEMM, SOFT, LOAD = "#9fc5e8", "#f9cb9c", "#b6d7a8"
 
 
+def key(fig, load=False):
+    """What the colours mean, below the panels (the figure is saved with bbox_inches="tight")."""
+    items = [(GEMM, "GEMM on the tensor cores (wgmma)"), (SOFT, "softmax on the CUDA cores")]
+    if load:
+        items.append((LOAD, "TMA copy of K_j, V_j into shared-memory stage s"))
+    fig.legend(handles=[Patch(facecolor=c, edgecolor="black", linewidth=0.6, label=t) for c, t in items],
+               loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(items), fontsize=8, frameon=False)
+
+
+def save(fig, path):
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+    return path
+
+
 def draw_fa3_pingpong(path):
     """Two consumer warpgroups, each: GEMM0 (S = Q K^T), softmax, GEMM1 (O += P V); their softmax in the
     other's GEMM."""
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
-    serial = [("warpgroup 1", [(0, 2, "QK\u1d40 j", GEMM), (2, 1, "softmax j", SOFT), (3, 2, "PV j", GEMM),
-                               (5, 2, "QK\u1d40 j+1", GEMM), (7, 1, "softmax", SOFT), (8, 2, "PV j+1", GEMM)]),
+    serial = [("warpgroup 1", [(0, 2, "QK\u1d40 j", GEMM), (2, 1, "softmax\nj", SOFT), (3, 2, "PV j", GEMM),
+                               (5, 2, "QK\u1d40 j+1", GEMM), (7, 1, "softmax\nj+1", SOFT), (8, 2, "PV j+1", GEMM)]),
               ("tensor cores busy", [(0, 2, "", GEMM), (3, 2, "", GEMM), (5, 2, "", GEMM), (8, 2, "", GEMM)])]
-    timeline(axes[0], serial, "one warpgroup alone: the tensor cores idle during every softmax")
-    pp = [("warpgroup 1", [(0, 2, "QK\u1d40 j", GEMM), (2, 1, "softmax j", SOFT), (4, 2, "PV j", GEMM),
-                           (6, 2, "QK\u1d40 j+1", GEMM), (8, 1, "softmax", SOFT), (12, 2, "PV j+1", GEMM)]),
-          ("warpgroup 2", [(2, 2, "QK\u1d40 j", GEMM), (4, 1, "softmax j", SOFT), (8, 2, "PV j", GEMM),
-                           (10, 2, "QK\u1d40 j+1", GEMM), (12, 1, "softmax", SOFT)]),
+    timeline(axes[0], serial, "one warpgroup alone: the tensor cores idle during every softmax", xlabel=False)
+    pp = [("warpgroup 1", [(0, 2, "QK\u1d40 j", GEMM), (2, 1, "softmax\nj", SOFT), (4, 2, "PV j", GEMM),
+                           (6, 2, "QK\u1d40 j+1", GEMM), (8, 1, "softmax\nj+1", SOFT), (12, 2, "PV j+1", GEMM)]),
+          ("warpgroup 2", [(2, 2, "QK\u1d40 j", GEMM), (4, 1, "softmax\nj", SOFT), (8, 2, "PV j", GEMM),
+                           (10, 2, "QK\u1d40 j+1", GEMM), (12, 1, "softmax\nj+1", SOFT)]),
           ("tensor cores busy", [(0, 2, "wg 1", GEMM), (2, 2, "wg 2", GEMM), (4, 4, "wg 1", GEMM),
                                  (8, 4, "wg 2", GEMM), (12, 2, "wg 1", GEMM)])]
     timeline(axes[1], pp, "ping-pong: barriers order the GEMMs so one group's softmax hides under the other's GEMM")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    key(fig)
+    return save(fig, path)
 
 
 def draw_fa3_pipeline(path):
     """Producer/consumer with a ring of shared-memory stages, and the intra-warpgroup overlap."""
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
-    prod = [("producer warp (TMA)", [(0, 1, "K,V 0\u2192s0", LOAD), (1, 1, "K,V 1\u2192s1", LOAD),
-                                     (6, 1, "K,V 2\u2192s0", LOAD), (11, 1, "K,V 3\u2192s1", LOAD)]),
+    prod = [("producer warp (TMA)", [(0, 1, "K,V 0\n\u2192 s0", LOAD), (1, 1, "K,V 1\n\u2192 s1", LOAD),
+                                     (6, 1, "K,V 2\n\u2192 s0", LOAD), (11, 1, "K,V 3\n\u2192 s1", LOAD)]),
             ("consumer warpgroup", [(1, 2, "QK\u1d40 0", GEMM), (3, 1, "sm 0", SOFT), (4, 2, "PV 0", GEMM),
                                     (6, 2, "QK\u1d40 1", GEMM), (8, 1, "sm 1", SOFT), (9, 2, "PV 1", GEMM)])]
     timeline(axes[0], prod, "warp specialisation, 2 stages s0, s1: the producer refills a stage as soon as "
-             "the consumers release it")
+             "the consumers release it", xlabel=False)
     intra = [("consumer warpgroup", [(0, 2, "QK\u1d40 j+1", GEMM), (2, 2, "PV j", GEMM), (4, 2, "QK\u1d40 j+2", GEMM),
                                      (6, 2, "PV j+1", GEMM), (8, 2, "QK\u1d40 j+3", GEMM)]),
-             ("same warpgroup, CUDA cores", [(2, 1, "softmax j+1", SOFT), (6, 1, "softmax j+2", SOFT)])]
+             ("same warpgroup, CUDA cores", [(2, 1, "softmax\nj+1", SOFT), (6, 1, "softmax\nj+2", SOFT)])]
     timeline(axes[1], intra, "intra-warpgroup overlap: softmax of block j+1 runs while the async wgmma of P\u2c7c V\u2c7c does")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    key(fig, load=True)
+    return save(fig, path)
 
 
 def draw_all(out_dir):

@@ -13,6 +13,7 @@ docs/io.md. docs/plot.py calls draw() too, so `python3 docs/plot.py` redraws thi
 """
 import argparse
 import csv
+import math
 import os
 import sys
 
@@ -77,16 +78,25 @@ def draw(rows, path, colors=None):
     ax.plot([lo, hi], [lo / 2, hi / 2], color="gray", linewidth=0.8, linestyle=":")
     key.axis("off")
     key.text(0, 1, "#  pass  (measured / model)", fontsize=8, weight="bold", va="top", transform=key.transAxes)
+    step = min(0.06, 0.95 / max(1, len(rows)))  # the key's line spacing: two text lines per pass
+    spots = []  # [(x, y, [numbers], colour)]: points within 4% of each other in both axes share one label
     for k, r in enumerate(rows, start=1):
         y = max(r["measured"], lo)  # a pass that read nothing from DRAM still gets a point, on the bottom edge
         filled = r["pass"] == "fwd"
         c = colors.get(r["chapter"], "tab:gray")
         ax.scatter(r["model_hbm_bytes"], y, s=36, facecolors=c if filled else "none", edgecolors=c, linewidths=1.2,
                    zorder=3)
-        ax.annotate(str(k), (r["model_hbm_bytes"], y), xytext=(5, 3 if k % 2 else -9), textcoords="offset points",
-                    fontsize=7, color=c)
-        key.text(0, 1 - 0.045 * k, f'{k:>2}  {name(r)}  ({r["measured"] / r["model_hbm_bytes"]:.2f}x)\n'
+        x = r["model_hbm_bytes"]
+        near = [sp for sp in spots if abs(math.log(sp[0] / x)) < 0.04 and abs(math.log(sp[1] / y)) < 0.04]
+        if near:
+            near[0][2].append(k)
+        else:
+            spots.append((x, y, [k], c))
+        key.text(0, 1 - step * k, f'{k:>2}  {name(r)}  ({r["measured"] / r["model_hbm_bytes"]:.2f}x)\n'
                  f'     {r["shape"]}', fontsize=7, color=c, va="top", transform=key.transAxes, family="monospace")
+    for n, (x, y, ks, c) in enumerate(spots):
+        ax.annotate(", ".join(map(str, ks)), (x, y), xytext=(6, 3 if n % 2 else -10), textcoords="offset points",
+                    fontsize=8, color=c)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

@@ -121,7 +121,7 @@ BWD_EXPLAINS = {
     "bwd_v1_mma": [("instructions (M)", "warp instructions executed (millions)",
                     "the five products on tensor cores; no step before it: the count the later steps cut"),
                    ("tensor pipe %", "tensor pipe busy (%)",
-                    "how much of the tensor cores the first version keeps busy")],
+                    "how much of the tensor cores the tensor-core backward keeps busy before any tuning")],
     "bwd_v2_regs": [("smem wavefronts (M)", "shared-memory wavefronts (millions)",
                      "$P^\\top$, $dS^\\top$ not stored and reloaded for lines 7-8 "
                      "(atomic mode still stores $dS^\\top$ for $dQ$)")],

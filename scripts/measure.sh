@@ -3,17 +3,19 @@
 # reports, with PyTorch SDPA as the outside baseline, all in one CSV in the project's row format.
 # Run it on a GPU machine after building (see README.md):
 #   scripts/measure.sh [--chapters LIST] [BUILD_DIR] [CSV]   default: all, build, docs/results/<gpu>.csv
-#   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd (04 includes the fp32
+#   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd, journey (04 includes the fp32
 #         PyTorch rows; 05: every forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
-#         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN)
+#         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN; journey: every
+#         forward step of 00-05 and PyTorch's flash and cuDNN at one shape, B 4 H 16 N 4096 d 128: docs/journey.md;
+#         alone, its default CSV is docs/results/<gpu>_journey.csv, so that the chapters' own rows stay those of their runs)
 # Each command is echoed before it runs, so a README can quote it, with a progress line (step k/N).
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
-# All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, 06 and 05bwd together 11.5, of
+# All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, journey under 2, 06 and 05bwd together 11.5, of
 # which 05bwd about 9 with steps 7 and 8 at every N; estimated: 05fwd a few).
 set -uo pipefail
-usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,16s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=""  # default: every chapter of scripts/chapters.tsv, and 05bwd
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
@@ -31,8 +33,8 @@ while IFS=$'\t' read -r id folder program _; do
 done < scripts/chapters.tsv
 [ -n "$CHAPTERS" ] || CHAPTERS=$(printf '%s\n' "${!PROGRAM[@]}" 05bwd | sort | paste -sd,)
 for c in ${CHAPTERS//,/ }; do
-  [[ -n ${PROGRAM[$c]:-} || $c =~ ^(05fwd|05bwd)$ ]] ||
-    { echo "measure.sh: --chapters: '$c' is not a chapter of scripts/chapters.tsv ($(printf '%s\n' "${!PROGRAM[@]}" | sort | tr '\n' ' ')) nor 05bwd, 05fwd" >&2; exit 2; }
+  [[ -n ${PROGRAM[$c]:-} || $c =~ ^(05fwd|05bwd|journey)$ ]] ||
+    { echo "measure.sh: --chapters: '$c' is not a chapter of scripts/chapters.tsv ($(printf '%s\n' "${!PROGRAM[@]}" | sort | tr '\n' ' ')) nor 05bwd, 05fwd, journey" >&2; exit 2; }
 done
 [ $# -le 2 ] || { echo "measure.sh: at most two arguments (BUILD_DIR, CSV); see --help" >&2; exit 2; }
 B=${1:-build}
@@ -43,6 +45,7 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
 fi
 chosen=${CHAPTERS//05fwd/05}
 chosen=${chosen//05bwd/05}
+chosen=${chosen//journey/00,01,02,04,05}
 for id in "${!PROGRAM[@]}"; do
   [[ ",$chosen," == *",$id,"* ]] || continue
   [ -x "$B/${PROGRAM[$id]}" ] || { echo "measure.sh: $B/${PROGRAM[$id]} not found: build first (README, Quick start)" >&2; exit 1; }
@@ -50,6 +53,7 @@ done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 slug=$(echo "${gpu:-unknown}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
 CSV=${2:-docs/results/$slug.csv}
+[ "$CHAPTERS" = journey ] && CSV=${2:-docs/results/${slug}_journey.csv}
 mkdir -p "$(dirname "$CSV")"
 TMP=$(mktemp "$CSV.XXXXXX") || exit 1
 trap 'rm -f "$TMP"' EXIT
@@ -148,6 +152,18 @@ for d in 64 128; do
       add 05fwd "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --iters 10 --warmup 2"
     done
   done
+done
+# journey: one shape, FlashAttention's benchmark shape at d = 128 (16k tokens: B 4 x N 4096; hidden 2048: H 16),
+# forward, every step from 00 to 05's last, then PyTorch's flash (FA2) and cuDNN backends (docs/journey.md).
+# 01 also times 00 and 04 times 02 next to it: those rows are of this run too.
+J="--batch 4 --heads 16 --q-len 4096 --head-dim 128"
+add journey "$B/00_naive/naive $J --iters 5 --warmup 1"
+add journey "$B/01_online_softmax/online_softmax $J --cols 4096 --iters 5 --warmup 1"
+add journey "$B/02_fa1_forward/fa1_forward $J --iters 5 --warmup 1"
+add journey "$B/04_fa2/fa2 --kernel all $J --iters 5 --warmup 1"
+add journey "$B/05_warp_split_q/warp_split_q --kernel all $J --dtype fp16 --no-previous --iters 10 --warmup 2"
+for backend in flash cudnn; do
+  add journey "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads 16 --head-dim 128 --sizes 4096 --dtype fp16 --backend $backend --iters 10 --warmup 2"
 done
 # 06: decoding, fp16, d = 128, H = 32: every kernel and the read_kv ceiling at B in {1, 8}, Hkv in {32, 8},
 # N in {4k, 32k, 128k}; the split-count sweeps of split_kv_gqa, split_kv_fused and split_kv_mma and the block-count

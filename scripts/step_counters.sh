@@ -4,10 +4,10 @@
 #   scripts/step_counters.sh [BUILD_DIR] [OUT_CSV]   default: build, docs/results/<gpu>_steps.csv
 #   scripts/step_counters.sh --backward [BUILD_DIR] [OUT_CSV]   every backward step (bwd_v1_mma ...), both dQ
 #       modes: its K/V-block kernel, and the deterministic mode's dQ kernel; default docs/results/<gpu>_bwd_steps.csv
-# Prints one markdown table per head dim for 05_warp_split_q/README.md section 4 (with --backward: BACKWARD.md
-# section 5; docs/measuring.md, section 5); `python3 docs/step_counters.py table OUT_CSV` prints them again. Needs an
-# NVIDIA GPU, Nsight Compute's ncu (on PATH, in the CUDA toolkit's bin, or NCU=/path/to/ncu) and python3; about 30
-# seconds on an H100 (the backward mode about 40).
+# Prints one markdown table per head dim for 05_warp_split_q/README.md (each step's counter: section 3; with
+# --backward: BACKWARD.md section 5; docs/measuring.md, section 5); `python3 docs/step_counters.py table OUT_CSV`
+# prints them again. Needs an NVIDIA GPU, Nsight Compute's ncu (on PATH, in the CUDA toolkit's bin, or
+# NCU=/path/to/ncu) and python3; about 30 seconds on an H100 (the backward mode about 40).
 # Exit 0 done, 1 no GPU, no ncu, a program failed or the launches did not match the steps, 2 bad usage.
 set -uo pipefail
 usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }

@@ -23,4 +23,6 @@ namespace wsq {
 using emu::bits16;
 using emu::value16;
 using fa::tc::pack2;
+using fa::tc::quad_max;
+using fa::tc::quad_sum;
 }  // namespace wsq

@@ -196,15 +196,6 @@ struct CUtensorMap {  // what cuTensorMapEncodeTiled would encode: a [planes][ro
 
 namespace wsq {
 
-inline float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-inline float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 namespace {
 alignas(1024) unsigned char smem_raw[232 * 1024];  // the kernels' `extern __shared__` array (one block at a time)
 inline uint32_t smem_addr(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - smem_raw); }

@@ -29,14 +29,14 @@ KV_KERNEL = [
     ("line 5", "dP^T = V_j dO_i^T", "16 keys x Br, k = d",
      ("ldm", "V_j\n[key][d] = [m][k]"), ("ldm", "dO_i\n[query][d] = [n][k]"), ("acc", "dP^T (fp32)")),
     ("line 7", "dV_j += P^T dO_i", "16 keys x d, k = Br",
-     ("regs", "P^T = exp(tau S^T - L)\n(step 1: via shared, ldmatrix)"), ("trans", "dO_i\n[query][d] = [k][n]"),
+     ("regs", "P^T = exp(\u03c4 S^T - L)\n(step 1: via shared, ldmatrix)"), ("trans", "dO_i\n[query][d] = [k][n]"),
      ("acc", "dV_j (whole kernel)")),
     ("line 8", "dK_j += dS^T Q_i", "16 keys x d, k = Br",
      ("regs", "dS^T = P^T o (dP^T - D)\n(step 1: via shared, ldmatrix)"), ("trans", "Q_i\n[query][d] = [k][n]"),
-     ("acc", "dK_j (whole kernel)")),
-    ("line 9", "dQ_i += dS K_j", "16 queries x d/c, k = Bc",
+     ("acc", "dK_j (whole kernel;\ntimes \u03c4 when written, line 10)")),
+    ("line 9", "dQ_i += \u03c4 dS K_j", "16 queries x d/c (see below), k = Bc",
      ("trans", "dS: all warps' dS^T, shared\n[key][query] = [k][m]"), ("trans", "K_j\n[key][d] = [k][n]"),
-     ("acc", "dQ_i: fp32 atomicAdd")),
+     ("acc", "dQ_i: \u03c4 dS K_j added\nby fp32 atomicAdd")),
 ]
 DQ_KERNEL = [
     ("line 14", "S = Q_i K_j^T", "16 queries x Bc, k = d",
@@ -44,7 +44,8 @@ DQ_KERNEL = [
     ("line 14", "dP = dO_i V_j^T", "16 queries x Bc, k = d",
      ("ldm", "dO_i\n[query][d] = [m][k]"), ("ldm", "V_j\n[key][d] = [n][k]"), ("acc", "dP (fp32)")),
     ("line 16", "dQ_i += dS K_j", "16 queries x d, k = Bc",
-     ("regs", "dS = P o (dP - D)"), ("trans", "K_j\n[key][d] = [k][n]"), ("acc", "dQ_i (whole kernel)")),
+     ("regs", "dS = P o (dP - D)"), ("trans", "K_j\n[key][d] = [k][n]"),
+     ("acc", "dQ_i (whole kernel;\ntimes \u03c4 when written)")),
 ]
 
 BOX_W, BOX_H = 2.45, 0.78
@@ -85,9 +86,9 @@ def draw_rows(ax, rows, y0):
 
 
 def main():
-    fig, ax = plt.subplots(figsize=(11.5, 9.6))
+    fig, ax = plt.subplots(figsize=(11.5, 10.3))
     ax.set_xlim(-0.1, 11.9)
-    ax.set_ylim(-4.55, 6.4)
+    ax.set_ylim(-5.1, 6.4)
     ax.axis("off")
 
     ax.text(0, 6.15, "K/V-block kernel (grid Tc x Hkv x B): warp w owns keys 16w..16w+15 of K_j, V_j, dK_j, dV_j",
@@ -102,8 +103,14 @@ def main():
     ys2 = draw_rows(ax, DQ_KERNEL, -0.9)
     reuse(ax, ys2[1], ys2[2], 0.35)
 
+    ax.text(0, -4.0, "\u03c4: the softmax scale (S = \u03c4 Q K^T, so dQ = \u03c4 dS K and dK = \u03c4 dS^T Q; "
+            "BACKWARD.md, section 1).\n"
+            "d/c: in the K/V-block kernel the Bc/16 warps share dQ_i (Br x d) as Br/16 row tiles x c column slices, "
+            "c = Bc/Br\n(steps 1-5, Bc = 64: c = 1 at d = 64, c = 2 at d = 128 where Br = 32): each warp adds one "
+            "16 x d/c slice.",
+            fontsize=8, va="top", color="#333333")
     ax.legend(handles=[Patch(facecolor=f, edgecolor="#555555", label=t) for f, t in SOURCES.values()],
-              loc="lower left", bbox_to_anchor=(0.0, -0.02), fontsize=7.5, ncol=2, frameon=False)
+              loc="lower left", bbox_to_anchor=(0.0, -0.03), fontsize=7.5, ncol=2, frameon=False)
     fig.suptitle("The backward's GEMMs on mma.sync m16n8k16: A is m x k, B is k x n; "
                  "ldmatrix .trans exactly when the stored tile has k as its row index", fontsize=9.5)
     fig.savefig(os.path.join(OUT, "bwd_gemms.png"), dpi=150, bbox_inches="tight")

@@ -53,7 +53,7 @@ def split_merge():
                 fontsize=8)
         ax.add_patch(FancyArrowPatch((x + (width - 0.1) / 2, 3.4), (x + (width - 0.1) / 2, 2.9), arrowstyle="->",
                                      mutation_scale=12))
-        ax.text(x + (width - 0.1) / 2, 1.65, f"O_s = O~_s / l_s\nLSE_s = m_s + log l_s", ha="center", va="center",
+        ax.text(x + (width - 0.1) / 2, 1.65, "O_s = O~_s / l_s\nLSE_s = m_s + log l_s", ha="center", va="center",
                 fontsize=8, family="monospace")
         ax.add_patch(FancyArrowPatch((x + (width - 0.1) / 2, 1.35), (5.0, 0.85), arrowstyle="->", mutation_scale=12,
                                      color="gray"))
@@ -77,16 +77,23 @@ def grid_fill():
         split.append(B * hkv * s)
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(shapes))
-    ax.bar([x - 0.2 for x in xs], fa2, width=0.4, label="FA2 grid: B x H blocks")
-    ax.bar([x + 0.2 for x in xs], split, width=0.4, label="split_kv_gqa: B x Hkv x S blocks (heuristic S)")
+    bars = [ax.bar([x - 0.2 for x in xs], fa2, width=0.4, label="FA2 grid: B x H blocks"),
+            ax.bar([x + 0.2 for x in xs], split, width=0.4, label="split_kv_gqa: B x Hkv x S blocks (heuristic S)")]
+    bottom = 20  # the axis starts here (log scale); each count is written half-way up its bar, in log terms
+    for bar in bars:  # the block count in each bar: 128 and 132 are too close to read off the axis
+        for rect in bar:
+            h = rect.get_height()
+            ax.text(rect.get_x() + rect.get_width() / 2, math.sqrt(bottom * h), f"{h:.0f}", ha="center",
+                    va="center", fontsize=9, color="white", weight="bold")
     ax.axhline(sms, color="black", ls="--", lw=1)
     ax.text(-0.45, sms * 1.08, f"{sms} SMs: the heuristic's slots, one block each", ha="left", fontsize=8)
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels)
     ax.set_yscale("log")
-    ax.set_ylim(20, 1500)  # room above the bars for the legend
-    ax.set_ylabel("blocks in the grid")
-    ax.set_title("Decoding, H = 32, q_len 1, N = 32k, d = 128 (H100 model)")
+    ax.set_ylim(bottom, 1500)  # room above the bars for the legend
+    ax.set_ylabel("blocks in the grid (log scale)")
+    ax.set_title("Blocks in the grid: decoding, H = 32, q_len 1, N = 32k, d = 128\n"
+                 "(the split heuristic's model of an H100, 132 SMs)", fontsize=11)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(os.path.join(OUT, "grid_fill.png"), dpi=130)

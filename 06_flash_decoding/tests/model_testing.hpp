@@ -1,4 +1,4 @@
-// The helpers chapter 06's CPU tests share (test_model.cpp, test_model_mma.cpp): a problem, rounded random inputs,
+// The helpers chapter 06's CPU tests share (test_model.cpp, test_model_mma.cpp, test_emulated.cpp): a problem, rounded random inputs,
 // and the model held to the fp64 reference by the chapter's rule.
 #pragma once
 #include <doctest/doctest.h>
