@@ -1,5 +1,5 @@
 // Chapter 06's host side: the ladder's registry (one row per step; the kernels are steps/v01_fa2_grid.cu ..
-// v09_paged.cu, one complete kernel per file), the planner (row bucket, split count, L2 policy, occupancy) and
+// v10_flat_gemm.cu, one complete kernel per file), the planner (row bucket, split count, L2 policy, occupancy) and
 // forward(), which checks a launch and hands it to the step. README §1-§6 derive the steps; `--list-steps` prints
 // this list.
 #include "flash_decoding.cuh"
@@ -48,6 +48,9 @@ const std::vector<Step>& kernels() {
       {"paged",
        "split_kv_gqa reading K/V through a block table into a page pool",
        v09_paged::kernel(), "fp16,bf16", fa::Arch::sm80},
+      {"flat_gemm",
+       "split_kv_mma with FlashDecoding++'s flat GEMM: keys as the mma's M, the rows padded to its N = 8, not 16",
+       v10_flat_gemm::kernel(), "fp16,bf16", fa::Arch::sm80},
   };
   return list;
 }
@@ -82,7 +85,7 @@ Launch plan(const Step& step, const fa::Problem& p, fa::Dtype t, int max_len, in
   const Kernel& kernel = step.launch;
   Launch l;
   const int rows = rows_of(p, kernel.packed).per_unit();
-  l.row_bucket = row_bucket(rows, kernel.mma), l.row_chunks = row_chunks(rows);
+  l.row_bucket = row_bucket(rows, kernel.mma, kernel.flat), l.row_chunks = row_chunks(rows, l.row_bucket);
   l.blocks_unsplit = (long long)p.batch * units_of(p, kernel.packed) * l.row_chunks;
   l.sms = fa::device_props().multiProcessorCount;
   const int bytes = kernel.smem_bytes(p.head_dim, l.row_bucket);

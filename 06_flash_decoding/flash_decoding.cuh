@@ -36,7 +36,7 @@ void check_page_size(int page_size);
 // How a kernel will be launched for a problem: the split count (the heuristic's unless overridden) and the grid.
 struct Launch {
   int splits = 1;                      // split_kv_even: its blocks (one per SM unless overridden; README §4.5)
-  int row_bucket = 1, row_chunks = 1;  // rows per block (1, 4 or 16; always 16 on tensor cores), blocks per unit
+  int row_bucket = 1, row_chunks = 1;  // rows per block (1, 4 or 16; 16 on tensor cores, 8 flat), blocks per unit
   long long blocks_unsplit = 0;        // batch x units x row chunks
   int sms = 0, blocks_per_sm = 0;      // the device's SMs and how many of these blocks one SM holds
   int max_splits = 1;                  // the largest split count worth trying for this max_len
@@ -55,6 +55,7 @@ struct Kernel {
   bool fused_merge = false;  // the last split block of a row chunk merges the partials: no merge kernel
   bool mma = false;          // S = Q K_j^T and P V_j on tensor cores (mma.sync), the block's rows padded to 16
   bool even = false;         // one block per SM, each taking an equal share of all the chunks; splits = blocks
+  bool flat = false;         // mma with the keys as M and the rows as N (S^T = K_j Q^T): the rows padded to 8, not 16
   // forward() below, for this step: its kernel (and the merge kernel after it, where it has one).
   void (*forward)(const fa::Problem& p, fa::Dtype t, const void* q, const Cache& cache, void* o, float* lse,
                   const Launch& launch, float phi, float* workspace, int* fallbacks) = nullptr;
@@ -66,7 +67,7 @@ struct Kernel {
 // name (what --kernel selects, the `kernel` column of the results), idea, Kernel, dtypes "fp16,bf16", sm_80+.
 using Step = fa::Step<Kernel>;
 
-// The chapter's steps, in the order the README builds them up (steps/v01_fa2_grid.cu .. v09_paged.cu). Every loop
+// The chapter's steps, in the order the README builds them up (steps/v01_fa2_grid.cu .. v10_flat_gemm.cu). Every loop
 // (program, tests, sanitizer runs, --list-steps) goes over this one list.
 const std::vector<Step>& kernels();
 // The step called `name`; throws fa::UsageError listing the names.

@@ -281,7 +281,8 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
     fa::ResultRow r = fa::result_row("06", label, "fwd", p);
     r.dtype = fa::dtype_name(s.t);
     r.model_hbm_bytes = k.launch.even ? fdec_model::model_hbm_bytes_even(p, s.lens, elem, l.splits)
-                                      : fdec_model::model_hbm_bytes(p, s.lens, elem, k.launch.packed, l.splits);
+                                      : fdec_model::model_hbm_bytes(p, s.lens, elem, k.launch.packed, l.splits,
+                                                                    l.row_bucket);
     r.extra_bytes = double(fdec::workspace_floats(p, l.splits)) * 4, r.max_abs_err = c.o.max_abs;
     r.ms = fa::time_ms(step, opts.warmup, opts.iters);
     r.tflops = fa::tflops(flops, r.ms), r.gbps = fa::gbps(kv, r.ms);

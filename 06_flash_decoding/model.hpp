@@ -318,10 +318,12 @@ inline double kv_bytes(const fa::Problem& p, const std::vector<int>& lens, int e
 }
 // What a kernel's loads ask for: K/V once per unit and row chunk (an unpacked kernel reads a kv head once per
 // query head of its group), plus Q read, O and LSE written, and with splits > 1 the workspace written and read
-// back by the merge (O_s fp32 and LSE_s per row and split) and O written by the merge instead.
-inline double model_hbm_bytes(const fa::Problem& p, const std::vector<int>& lens, int elem, bool packed, int splits) {
+// back by the merge (O_s fp32 and LSE_s per row and split) and O written by the merge instead. bucket: the kernel's
+// row bucket (plan.hpp's row_bucket; flat_gemm's 8 cuts a unit into more row chunks than 16 does).
+inline double model_hbm_bytes(const fa::Problem& p, const std::vector<int>& lens, int elem, bool packed, int splits,
+                              int bucket = fdec::kMaxRows) {
   const fdec::Rows R = fdec::rows_of(p, packed);
-  const double reads_per_kv_head = double(packed ? 1 : p.group()) * fdec::row_chunks(R.per_unit());
+  const double reads_per_kv_head = double(packed ? 1 : p.group()) * fdec::row_chunks(R.per_unit(), bucket);
   const double rows = double(p.lse_elems());
   double bytes = kv_bytes(p, lens, elem) * reads_per_kv_head + rows * p.head_dim * elem * 2 + rows * 4;
   if (splits > 1) bytes += 2.0 * splits * rows * (p.head_dim + 1) * 4;

@@ -171,9 +171,13 @@ constexpr int split_smem_bytes(int head_dim, int rows, int stages, bool mma = fa
 }
 
 // The rows a block is compiled for. The CUDA-core kernels: the smallest of 1, 4, 16 that holds the unit's rows. The
-// tensor-core kernel (mma): always 16, the M of mma.m16n8k16, so 1 or 4 rows are padded to a 16-row tile. Either
-// way a unit with more than 16 rows is cut into row chunks of 16, each a block that reads K/V again.
-inline int row_bucket(int rows, bool mma = false) { return mma || rows > 4 ? kMaxRows : rows <= 1 ? 1 : 4; }
-inline int row_chunks(int rows) { return (rows + kMaxRows - 1) / kMaxRows; }
+// tensor-core kernel (mma): always 16, the M of mma.m16n8k16, so 1 or 4 rows are padded to a 16-row tile. The flat
+// GEMM kernel (flat, README §5): always 8, the N of mma.m16n8k16, the keys being its M. A unit with more rows than
+// its bucket is cut into row chunks of the bucket, each a block that reads K/V again (1 and 4 hold a unit whole).
+constexpr int kFlatRows = 8;
+inline int row_bucket(int rows, bool mma = false, bool flat = false) {
+  return flat ? kFlatRows : mma || rows > 4 ? kMaxRows : rows <= 1 ? 1 : 4;
+}
+inline int row_chunks(int rows, int bucket = kMaxRows) { return (rows + bucket - 1) / bucket; }
 
 }  // namespace fdec

@@ -2,8 +2,8 @@
 // source - its index arithmetic, tile loops, masks, barriers and pipelines - on a machine without a GPU (chapter 05's
 // emu/emu.hpp and chapter 06's emu/emu.hpp add their launches to it):
 //   * every GPU thread of a block is a context of its own (below); __syncthreads is a barrier of the block;
-//   * the warp-wide instructions (shuffles, ldmatrix, mma.sync) exchange values through a per-warp table and a
-//     barrier of the warp's 32 threads, and compute what the PTX ISA defines (the rules are written out below,
+//   * the warp-wide instructions (shuffles, ldmatrix, movmatrix, mma.sync) exchange values through a per-warp table
+//     and a barrier of the warp's 32 threads, and compute what the PTX ISA defines (the rules are written out below,
 //     independently of frag.hpp);
 //   * cp.async copies as late as the wait_group rules allow, and its destination is NaN from the issue on, so a read
 //     before the wait (a missing wait) or a copy issued into a buffer that others still read (a missing barrier)
@@ -181,6 +181,23 @@ inline void ldmatrix_emu(uint32_t r[4], const void* row, bool trans) {
 }
 inline void ldmatrix_x4(uint32_t r[4], const void* row) { ldmatrix_emu(r, row, false); }
 inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) { ldmatrix_emu(r, row, true); }
+
+// movmatrix.sync.aligned.m8n8.trans.b16 (PTX ISA, movmatrix): lane L holds in half e of its register the element
+// (L / 4, 2 (L % 4) + e) of an 8x8 matrix, and receives the same element of the transposed matrix: element
+// (2 (L % 4) + e, L / 4) of the source, which lane 4 (2 (L % 4) + e) + (L / 4) / 2 holds in half (L / 4) % 2.
+inline uint32_t movmatrix_trans(uint32_t x) {
+  auto& slot = emu::my_slots();
+  const int L = emu::lane();
+  slot[L][0] = x;
+  emu::warp_barrier();
+  uint16_t v[2];
+  for (int e = 0; e < 2; ++e) {
+    const int row = 2 * (L % 4) + e, col = L / 4;  // in the source matrix
+    v[e] = uint16_t(slot[4 * row + col / 2][0] >> (16 * (col % 2)));
+  }
+  emu::warp_barrier();
+  return uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+}
 
 // mma.sync m16n8k16 (PTX ISA 9.7.14.5.8), g = lane / 4, t = lane % 4:
 //   A a_e (register e / 2): row g + 8 [e in {2,3,6,7}], col 2t + e % 2 + 8 [e >= 4]

@@ -46,7 +46,8 @@ FA_HD constexpr RowCol ldmatrix_elem(int lane, int e, bool trans) {
 //             also the B fragments of two n-tiles of a row-major [k][n] tile with .trans (V in P V: the same
 //             matrix order gives registers {b01, b23} of n-tile 0, then of n-tile 1);
 //  nk_tile_*: the B fragments of two n-tiles of a tile stored [n][k] (K in Q K^T, no .trans): registers
-//             {b01, b23} of n-tile 0 (rows 0-7), then of n-tile 1 (rows 8-15).
+//             {b01, b23} of n-tile 0 (rows 0-7), then of n-tile 1 (rows 8-15); with .trans, the A fragment of the
+//             transpose of a row-major tile (V_j^T in chapter 06's flat_gemm, O^T += V_j^T P^T).
 FA_HD constexpr int a_tile_row(int lane) { return (lane & 7) + 8 * ((lane >> 3) & 1); }
 FA_HD constexpr int a_tile_col(int lane) { return 8 * (lane >> 4); }
 FA_HD constexpr int nk_tile_row(int lane) { return (lane & 7) + 8 * (lane >> 4); }

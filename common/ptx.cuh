@@ -1,7 +1,8 @@
 // The tensor-core PTX that chapters 05 and 06 use, wrapped once: the tensor-core product (mma.sync m16n8k16), the
-// warp-wide shared-memory matrix load (ldmatrix x4, plain and .trans), the asynchronous copy global ->
-// shared (cp.async, with zero fill), and two small helpers (packing two floats into one 32-bit register of
-// the dtype, reductions over the 4 lanes that share a row of a C fragment). Fragment maps: frag.hpp.
+// warp-wide shared-memory matrix load (ldmatrix x4, plain and .trans), the warp-wide 8x8 transpose in registers
+// (movmatrix), the asynchronous copy global -> shared (cp.async, with zero fill), and two small helpers (packing
+// two floats into one 32-bit register of the dtype, reductions over the 4 lanes that share a row of a C fragment).
+// Fragment maps: frag.hpp.
 // Requires sm_80 or newer (mma m16n8k16 with bf16, cp.async). The shared-memory instructions carry a "memory"
 // clobber: the compiler may not move them across the plain C++ stores and loads of the same tiles.
 #ifndef FA_PTX_CUH  // a guard, not #pragma once: chapter 05's CPU emulation (emu/) provides its own version
@@ -51,6 +52,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* row
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(row))
                : "memory");
+}
+
+// The transpose of an 8x8 matrix of 16-bit values that the warp holds in registers (movmatrix, sm_75+): lane L holds
+// row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1 (low half first) - the layout of one 8x8 half of a C fragment,
+// packed to 16 bits - and receives the same positions of the transposed matrix, i.e. elements (2 (L % 4), L / 4) and
+// (2 (L % 4) + 1, L / 4) of the one it gave. No shared memory: the lanes exchange their halves like a shuffle.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // 16 bytes global -> shared without passing through registers. With valid == false nothing is read and the

@@ -1,4 +1,4 @@
-// The nine steps of the ladder, one file each (README's order): each file's kernel() is the step's row of the
+// The ten steps of the ladder, one file each (README's order): each file's kernel() is the step's row of the
 // registry (flash_decoding.cu's kernels()): its properties and its host functions.
 #pragma once
 #include "flash_decoding.cuh"
@@ -13,4 +13,5 @@ namespace v06_split_kv_mma { Kernel kernel(); }
 namespace v07_split_kv_even { Kernel kernel(); }
 namespace v08_unified_max { Kernel kernel(); }
 namespace v09_paged { Kernel kernel(); }
+namespace v10_flat_gemm { Kernel kernel(); }
 }  // namespace fdec

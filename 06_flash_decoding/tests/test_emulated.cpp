@@ -5,8 +5,8 @@
 // the fp32 tolerance). Outputs and workspace are NaN-poisoned before every run; shared memory is garbage at every
 // block. Shapes: MHA and GQA with ragged lengths (0, 1, tails that are not a chunk multiple), causal q_len 3 packed
 // with MQA, a negative scale, a sequence long enough that each warp walks several chunks (the double buffer turns
-// over), large logits (the unified max falls back), fp16 and bf16, d = 64 and 128, one and
-// several splits, paged with pages of 16 and 32 keys.
+// over), large logits (the unified max falls back; flat_gemm's running max), fp16 and bf16, d = 64 and 128, one and
+// several splits, paged with pages of 16 and 32 keys; flat_gemm with 8 rows (its tile full) and 12 (two row chunks).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -41,6 +41,7 @@ const std::vector<StepFile>& step_files() {
       {"v07_split_kv_even", fdec::v07_split_kv_even::kernel},
       {"v08_unified_max", fdec::v08_unified_max::kernel},
       {"v09_paged", fdec::v09_paged::kernel},
+      {"v10_flat_gemm", fdec::v10_flat_gemm::kernel},
   };
   return list;
 }
@@ -49,7 +50,7 @@ const std::vector<StepFile>& step_files() {
 fdec::Launch launch_for(const fdec::Kernel& k, const Problem& p, int splits) {
   fdec::Launch l;
   const int rows = fdec::rows_of(p, k.packed).per_unit();
-  l.row_bucket = fdec::row_bucket(rows, k.mma), l.row_chunks = fdec::row_chunks(rows);
+  l.row_bucket = fdec::row_bucket(rows, k.mma, k.flat), l.row_chunks = fdec::row_chunks(rows, l.row_bucket);
   l.blocks_unsplit = (long long)p.batch * fdec::units_of(p, k.packed) * l.row_chunks;
   l.splits = k.splits ? splits : 1;
   return l;
@@ -143,6 +144,7 @@ TEST_CASE("06 emulated: large logits make the unified max fall back, and the ans
   const fdec_model::Result r = big.run(fdec::v08_unified_max::kernel(), 3);
   CHECK(r.fallbacks > 0);
   big.expect_right(r);
+  big.expect_right(big.run(fdec::v10_flat_gemm::kernel(), 3));  // the running max down the columns of S^T
   // phi 200 above every score: e^(S - phi) underflows
   Fixture far(Dtype::bf16, fdec_test::make(1, 4, 1, 1, 90, 128, false), {90});
   const fdec_model::Result r2 = far.run(fdec::v08_unified_max::kernel(), 2, 200.f);
@@ -177,6 +179,8 @@ TEST_CASE("06 emulated: double buffering and the fused merge change no bit; the 
     INFO("blocks ", blocks);
     f.expect_right(f.run(fdec::v07_split_kv_even::kernel(), blocks));
   }
+  // 8 packed rows (GQA 4 at q_len 2, causal): flat_gemm's tile full, every column of S^T a row
+  for (int splits : {1, 4}) f.expect_right(f.run(fdec::v10_flat_gemm::kernel(), splits));
   // the L2 policy is a hint: the evict-first copies give the same bits
   const fdec_model::Result normal = f.run(fdec::v06_split_kv_mma::kernel(), 3, 0.f, false);
   const fdec_model::Result first = f.run(fdec::v06_split_kv_mma::kernel(), 3, 0.f, true);

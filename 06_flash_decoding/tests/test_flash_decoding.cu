@@ -5,8 +5,9 @@
 // every split count 1..max, large logits that make the unified max fall back, page sizes 16..256, fp16 and bf16;
 // the double-buffered and fused-merge kernels bit for bit against the single-buffered one; the tensor-core kernel
 // against the fused one within the chapter's bound, for every row count it pads (1 to 16 rows, and 32, 64 as chunks);
-// the evenly dealt kernel against the tensor-core one within the same bound, for block counts 1 to 256; every kernel
-// bit for bit the same under both L2 policies of its K/V loads.
+// the evenly dealt kernel against the tensor-core one within the same bound, for block counts 1 to 256; the flat GEMM
+// kernel against the tensor-core one within the same bound, rows 1 to 8 and 8-row chunks; every kernel bit for bit the
+// same under both L2 policies of its K/V loads.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -254,6 +255,36 @@ TEST_CASE("06 gpu: split_kv_even = split_kv_mma within the bound, for any block 
           CHECK_MESSAGE(eo.ok(), eo.summary("split_kv_even O vs split_kv_mma"));
           CHECK_MESSAGE(el.ok(), el.summary("split_kv_even LSE vs split_kv_mma"));
         }
+    }
+}
+
+TEST_CASE("06 gpu: flat_gemm = split_kv_mma within the bound, rows 1 to 8 in one block, more in 8-row chunks") {
+  // The same copies, splits, stages and fused merge; the products transposed (S^T = K_j Q^T, O~^T += V_j^T P^T) with
+  // the rows padded to 8 instead of 16, P rounded to the dtype as in split_kv_mma, the sums taken in another order.
+  // So O may differ from split_kv_mma's by rounding: the chapter's bound; LSE by chapter 04's fp32 tolerance. Rows
+  // per block 1 to 8 (MQA r/1 at q_len 1; GQA 2 at q_len 3, causal: 6 rows), then tensor_core_shapes(), whose 16,
+  // 32 and 64 rows are 2, 4 and 8 chunks of 8; splits 1 (O written directly), 3 and the heuristic's; twice each, as
+  // the merge counters must be back at zero.
+  std::vector<Shape> shapes;
+  for (int rows = 1; rows <= 8; ++rows)
+    shapes.push_back({make(2, rows, 1, 1, 333, rows % 2 ? 64 : 128, false), {333, 40}});
+  shapes.push_back({make(2, 4, 2, 3, 200, 64, true), {200, 2}});
+  for (const Shape& sh : tensor_core_shapes()) shapes.push_back(sh);
+  for (Dtype t : {Dtype::fp16, Dtype::bf16})
+    for (const Shape& sh : shapes) {
+      Fixture f(t, sh.p, sh.lens);
+      for (int s : {0, 1, 3}) {
+        INFO(std::string(dtype_name(t)), " ", describe(sh.p), " splits ", s);
+        const Fixture::Out mma = f.run(fdec::kernel_named("split_kv_mma"), s);
+        for (int again = 0; again < 2; ++again) {
+          const Fixture::Out r = f.run(fdec::kernel_named("flat_gemm"), s);
+          f.expect_right(r, "flat_gemm");
+          const ErrorReport eo = compare(r.o, to_double(mma.o), {f.bound, 0});
+          const ErrorReport el = compare(r.lse, to_double(mma.lse), kTolFp32Forward);
+          CHECK_MESSAGE(eo.ok(), eo.summary("flat_gemm O vs split_kv_mma"));
+          CHECK_MESSAGE(el.ok(), el.summary("flat_gemm LSE vs split_kv_mma"));
+        }
+      }
     }
 }
 

@@ -51,7 +51,22 @@ TEST_CASE("06 model: split_kv_mma's rows: one 16-row tile for any row count, row
     CHECK(fdec::row_chunks(rows) == (rows + 15) / 16);
     CHECK(fdec::row_bucket(rows) == (rows == 1 ? 1 : rows <= 4 ? 4 : 16));  // the CUDA-core kernels' buckets
     CHECK(fdec::row_chunks(rows) * fdec::row_bucket(rows) >= rows);
+    CHECK(fdec::row_bucket(rows, true, true) == 8);  // flat_gemm: the rows are the mma's N
+    CHECK(fdec::row_chunks(rows, 8) == (rows + 7) / 8);
+    CHECK(fdec::row_chunks(rows, fdec::row_bucket(rows)) == fdec::row_chunks(rows));  // 1 and 4 hold a unit whole
   }
+}
+
+TEST_CASE("06 model: flat_gemm's shared memory, and its K/V read once per 8-row chunk") {
+  // Smem<D, 8, 2, true>: the two stages and M, L and 4 warps' weights of 8 rows (192): 139,456 bytes at d = 128.
+  CHECK(fdec::split_smem_bytes(128, 8, 2, true) == 2 * 69632 + 192);
+  CHECK(fdec::split_smem_bytes(64, 8, 2, true) == 73920);
+  // MQA 16/1 at q_len 1: one 16-row chunk for split_kv_mma, two 8-row chunks (K/V read twice) for flat_gemm.
+  const fa::Problem mqa = make(1, 16, 1, 1, 4096, 128, false);
+  const double io = double(mqa.lse_elems()) * (128 * 4 + 4);
+  CHECK(fdec_model::model_hbm_bytes(mqa, {4096}, 2, true, 1) == doctest::Approx(kv_bytes(mqa, {4096}, 2) + io));
+  CHECK(fdec_model::model_hbm_bytes(mqa, {4096}, 2, true, 1, 8) ==
+        doctest::Approx(2 * kv_bytes(mqa, {4096}, 2) + io));
 }
 
 TEST_CASE("06 model: shared memory of split_kv_mma (README §4.3): the K/V stages and the merge weights alone") {

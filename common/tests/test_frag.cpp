@@ -252,3 +252,18 @@ TEST_CASE("bank conflicts: the counts the README predicts") {
     }
   }
 }
+
+TEST_CASE("flat_gemm's V_j^T: ldmatrix .trans at nk_tile's addresses gives the A fragment of the transposed tile") {
+  // V_j [key][d] row-major (16 x 16, plain: chapter 06 pads its rows instead of swizzling); O^T += V_j^T P^T takes
+  // A = V_j^T (m = d, k = key): a_e of lane L at a_elem's (row, col) of V_j^T is V_j[col][row].
+  const std::vector<float> V = random_matrix(16, 16, 7);
+  const Smem Vs = to_smem(V, 16, 16, false);
+  std::array<int, kLanes> addr{};
+  for (int L = 0; L < kLanes; ++L) addr[L] = Vs.off(nk_tile_row(L), nk_tile_col(L));
+  const auto va = ldmatrix_x4(Vs, addr, true);
+  for (int L = 0; L < kLanes; ++L)
+    for (int e = 0; e < 8; ++e) {
+      const RowCol rc = a_elem(L, e);
+      CHECK(va[L][e / 2][e % 2] == V[size_t(rc.col) * 16 + rc.row]);
+    }
+}

@@ -1,0 +1,84 @@
+// The host API of the decode step's linear layers (README.md): Y[M, N] = X[M, K] W^T, with X [M, K], W [N, K] (a
+// linear layer's weight) and Y [M, N] fp16, row-major, accumulated in fp32. Three kernels, one file each, listed once
+// in kernels() below, which decode_gemm, the tests and the tuner loop over:
+//   gemv.cu       CUDA cores, W streamed once, each thread all (up to 8) rows of X
+//   flat_gemm.cu  tensor cores with the operands swapped (Y^T = W X^T): M padded to 8, not 64; split-K
+//   tile_gemm.cu  tensor cores, a conventional 64 x 64 block tile, for large M
+// Plain C++ besides the pointers' type (CUDA's __half, which the CPU emulation has too), so the CPU tests include it.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "dataflow.hpp"  // Path
+#include "problem.hpp"   // fa::UsageError
+
+namespace fdec::gemm {
+
+constexpr int kGroupRows = 8;  // rows of X one pass handles: the n = 8 side of mma.m16n8k16, the GEMV's registers
+constexpr int kAlignK = 8;     // K must be a multiple of 8: a row of X or W is read in 16-byte pieces
+constexpr int kMaxSplits = 16;  // the flat GEMM's split-K never cuts K into more pieces than this
+
+// One launch's arguments (passed by value to the kernels). Device pointers on the GPU, host ones in the emulation.
+struct Args {
+  int m = 0, n = 0, k = 0;
+  const __half* x = nullptr;  // [m, k]
+  const __half* w = nullptr;  // [n, k]
+  __half* y = nullptr;        // [m, n]
+  int splits = 1;             // flat GEMM only: pieces of K (flat_splits); the others ignore it
+  float* workspace = nullptr;  // flat GEMM with splits > 1: [splits, m, n] fp32 partial sums
+};
+
+// The shapes every kernel accepts: M, N >= 1 and K a positive multiple of 8 (16-byte rows); UsageError otherwise.
+inline void check_shape(int m, int n, int k) {
+  if (m < 1 || n < 1 || k < 1)
+    throw fa::UsageError("GEMM shape M " + std::to_string(m) + ", N " + std::to_string(n) + ", K " + std::to_string(k) +
+                         ": each must be at least 1");
+  if (k % kAlignK != 0)
+    throw fa::UsageError("GEMM K = " + std::to_string(k) + " is not a multiple of " + std::to_string(kAlignK) +
+                         ": the kernels read rows of X and W in 16-byte pieces (pad K to a multiple of 8)");
+}
+
+// The flat GEMM's split-K (flat_gemm.cu): enough pieces of K that the grid fills the SMs about twice, when the N
+// tiles alone do not, keeping at least one K tile per piece. `n_tiles` blocks per piece (N tiles x row groups).
+constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16)
+constexpr int kFlatTileK = 128;  // k per pipeline stage
+inline int flat_splits(int m, int n, int k, int sms) {
+  const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kGroupRows - 1) / kGroupRows);
+  const int k_tiles = (k + kFlatTileK - 1) / kFlatTileK;
+  long long s = (2LL * sms + blocks - 1) / blocks;  // ceil(2 sms / blocks)
+  if (s > kMaxSplits) s = kMaxSplits;
+  if (s > k_tiles) s = k_tiles;
+  return s < 1 ? 1 : int(s);
+}
+inline size_t workspace_floats(const Args& a) { return a.splits > 1 ? size_t(a.splits) * a.m * a.n : 0; }
+
+// The kernels' host functions (one per file; each launches through steps/ready.cuh's launch_kernel, so that the
+// emulation of 06's emu/emu.hpp runs the same source on the CPU).
+namespace gemv { void launch(const Args& a); }
+namespace flat { void launch(const Args& a); }
+namespace tile { void launch(const Args& a); }
+
+// The registry: name (--kernel), the one idea, the launch.
+struct Kernel {
+  const char* name;
+  const char* idea;
+  Path path;  // what dataflow.hpp's choose_gemm returns for it
+  void (*launch)(const Args&);
+};
+inline const std::vector<Kernel>& kernels() {
+  static const std::vector<Kernel> list = {
+      {"gemv", "CUDA cores: W streamed once in 16-byte loads, each thread accumulates all 8 rows", Path::gemv,
+       gemv::launch},
+      {"flat", "tensor cores, Y^T = W X^T: M padded to 8 (not 64), W double-buffered by cp.async, split-K",
+       Path::flat, flat::launch},
+      {"tile", "tensor cores, a 64 x 64 block tile of Y, cp.async double buffering: the large-M GEMM", Path::tile,
+       tile::launch},
+  };
+  return list;
+}
+inline const Kernel& kernel_of(Path c) { return kernels()[int(c)]; }
+
+}  // namespace fdec::gemm

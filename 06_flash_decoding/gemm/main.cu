@@ -1,0 +1,248 @@
+// decode_gemm: the linear layers of a decode step, Y[M, N] = X[M, K] W^T in fp16 (fp32 accumulation), on 7B-class
+// shapes for M = 1 .. 256: the three kernels of gemm.cuh, cuBLAS (cublasGemmEx, fp32 compute) and `auto` (what the
+// heuristic dataflow of dataflow.hpp picks from the table), each checked against fp64 on sampled entries (check.hpp)
+// and timed (common/timer.cuh: warm-up, median of CUDA events, L2 flushed before each run).
+//   decode_gemm                                 the default sweep, every kernel
+//   decode_gemm --shapes 4096x4096 --m 1,8 --kernel flat,cublas
+//   decode_gemm --tune gemm/dataflow.tsv        this GPU's inflection points written into the table
+// Exit codes: 0 ok, 1 a failed check or no GPU, 2 bad usage (before any GPU work).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+#include "dataflow.hpp"
+#include "device_buffer.cuh"
+#include "gemm.cuh"
+#include "program.cuh"
+#include "timer.cuh"
+
+using namespace fdec::gemm;
+
+namespace {
+
+struct Flags {
+  std::string m = "1,2,4,8,16,32,64,128,256";
+  std::string shapes = "4096x4096,12288x4096,11008x4096,4096x11008";
+  std::string kernel = "gemv,flat,tile,cublas,auto";
+  std::string table, tune, csv;
+  int iters = 20, warmup = 3;
+  uint64_t seed = 1;
+  bool help = false, check_table = false;
+};
+struct Shape {
+  int n, k;
+};
+
+const char* kUsage =
+    "usage: decode_gemm [options]\n"
+    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile (gemm.cuh), cuBLAS and auto.\n"
+    "  --m LIST          values of M [1,2,4,8,16,32,64,128,256]\n"
+    "  --shapes LIST     NxK shapes of W, K a multiple of 8 [4096x4096,12288x4096,11008x4096,4096x11008]\n"
+    "  --kernel LIST     of gemv, flat, tile, cublas, auto [gemv,flat,tile,cublas,auto]\n"
+    "  --table FILE      the dataflow table auto reads (dataflow.hpp's format) [built-in default]\n"
+    "  --tune FILE       time gemv, flat and tile, and write this GPU's inflection points into FILE\n"
+    "                    (its other GPUs' rows are kept)\n"
+    "  --check-table     only parse --table and exit (0: it is well formed)\n"
+    "  --iters N         timed runs, the median is reported [20]\n"
+    "  --warmup N        untimed runs first [3]\n"
+    "  --seed N          the inputs' seed [1]\n"
+    "  --csv FILE        append one row per run: gpu,kernel,m,n,k,ms,tflops,gbps_w,vs_cublas,max_abs_err,bound,auto\n"
+    "  --help, -h        this text\n";
+
+int to_int(const std::string& s, const std::string& flag, int min) {
+  char* end = nullptr;
+  const long v = s.empty() ? min - 1 : std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end || v < min || v > (1 << 20))
+    throw fa::UsageError("bad value '" + s + "' for " + flag + ": expected an integer >= " + std::to_string(min));
+  return int(v);
+}
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t at; (at = s.find(sep, start)) != std::string::npos; start = at + 1)
+    out.push_back(s.substr(start, at - start));
+  out.push_back(s.substr(start));
+  return out;
+}
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw fa::UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") f.help = true;
+    else if (a == "--check-table") f.check_table = true;
+    else if (a == "--m") f.m = value();
+    else if (a == "--shapes") f.shapes = value();
+    else if (a == "--kernel") f.kernel = value();
+    else if (a == "--table") f.table = value();
+    else if (a == "--tune") f.tune = value();
+    else if (a == "--csv") f.csv = value();
+    else if (a == "--iters") f.iters = to_int(value(), a, 1);
+    else if (a == "--warmup") f.warmup = to_int(value(), a, 0);
+    else if (a == "--seed") f.seed = uint64_t(to_int(value(), a, 0));
+    else throw fa::UsageError("unknown option " + a + " (--help lists them)");
+  }
+  return f;
+}
+
+// A file we may append to (or create), checked before any GPU work.
+void require_writable(const std::string& path, const std::string& flag) {
+  std::ofstream f(path, std::ios::app);
+  if (!f) throw fa::UsageError(flag + " " + path + ": cannot write there");
+}
+
+// One kernel of the sweep: a registry kernel, cuBLAS, or auto (resolved per shape and M).
+struct Entry {
+  std::string name;
+  const Kernel* kernel;  // nullptr: cuBLAS or auto
+};
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
+}
+// Y[M, N] = X W^T as cuBLAS sees it (column-major): Y^T [N, M] = (W [K, N] col-major)^T X^T [K, M].
+void cublas_gemm(cublasHandle_t h, const Args& a) {
+  const float one = 1.f, zero = 0.f;
+  cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, a.n, a.m, a.k, &one, a.w, CUDA_R_16F, a.k, a.x, CUDA_R_16F,
+                            a.k, &zero, a.y, CUDA_R_16F, a.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Flags f = parse(argc, argv);
+  if (f.help) return std::printf("%s", kUsage), 0;
+  // ---- everything checked before the GPU is looked for ----
+  std::vector<int> ms;
+  for (const std::string& s : split(f.m, ',')) ms.push_back(to_int(s, "--m", 1));
+  std::vector<Shape> shapes;
+  for (const std::string& s : split(f.shapes, ',')) {
+    const std::vector<std::string> nk = split(s, 'x');
+    if (nk.size() != 2) throw fa::UsageError("--shapes: '" + s + "' is not NxK");
+    shapes.push_back({to_int(nk[0], "--shapes N", 1), to_int(nk[1], "--shapes K", 1)});
+    check_shape(1, shapes.back().n, shapes.back().k);
+  }
+  std::vector<Entry> entries;
+  for (const std::string& name : split(f.tune.empty() ? f.kernel : "gemv,flat,tile,cublas,auto", ',')) {
+    const Kernel* k = nullptr;
+    for (const Kernel& r : kernels())
+      if (name == r.name) k = &r;
+    if (!k && name != "cublas" && name != "auto")
+      throw fa::UsageError("--kernel " + name + ": no such kernel (gemv, flat, tile, cublas, auto)");
+    entries.push_back({name, k});
+  }
+  const Table table = f.table.empty() ? Table{} : read_table(f.table);
+  if (f.check_table) return std::printf("%s: %zu rows, well formed\n", f.table.c_str(), table.rows.size()), 0;
+  if (!f.csv.empty()) require_writable(f.csv, "--csv");
+  Table tuned_file;  // the --tune file's rows as they are now (an absent file: none)
+  if (!f.tune.empty()) {
+    if (std::ifstream(f.tune)) tuned_file = read_table(f.tune);
+    require_writable(f.tune, "--tune");
+  }
+  std::printf("decode_gemm: %zu shapes x %zu values of M, kernels %s, table %s\n", shapes.size(), ms.size(),
+              f.tune.empty() ? f.kernel.c_str() : "gemv,flat,tile,cublas,auto",
+              f.table.empty() ? "built-in" : f.table.c_str());
+  fa::require_gpu();
+
+  const std::string gpu = fa::device_name();
+  const int sms = fa::device_props().multiProcessorCount;
+  const int m_max = *std::max_element(ms.begin(), ms.end());
+  cublasHandle_t handle;
+  cublas_check(cublasCreate(&handle), "cublasCreate");
+  std::vector<Row> tuned;
+  std::vector<std::string> csv;
+  bool all_ok = true;
+  std::printf("%6s %6s %5s %-7s %-6s %10s %9s %9s %9s  %s\n", "N", "K", "M", "kernel", "auto", "ms", "GB/s(W)",
+              "TFLOP/s", "x cuBLAS", "check");
+  for (const Shape& s : shapes) {
+    size_t ws_floats = 1;
+    for (int m : ms) ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms)) * m * s.n);
+    const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
+    fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
+    fa::DeviceBuffer<float> ws(ws_floats);
+    CUDA_CHECK(cudaMemcpy(x.get(), h.x.data(), h.x.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(w.get(), h.w.data(), h.w.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<SweepPoint> sweep;
+    for (int m : ms) {
+      HostGemm hm{m, s.n, s.k, std::vector<fa::half_t>(h.x.begin(), h.x.begin() + size_t(m) * s.k), h.w};
+      const Path pick = choose_gemm(table, gpu, m, s.n, s.k);
+      SweepPoint point{m, 0, 0, 0};
+      double cublas_ms = 0;
+      std::vector<std::pair<std::string, double>> times;
+      for (const Entry& e : entries) {
+        const Kernel* k = e.name == "auto" ? &kernel_of(pick) : e.kernel;
+        Args a;
+        a.m = m, a.n = s.n, a.k = s.k, a.x = x.get(), a.w = w.get(), a.y = y.get(), a.workspace = ws.get();
+        a.splits = k && k->path == Path::flat ? flat_splits(m, s.n, s.k, sms) : 1;
+        auto run = [&] { k ? k->launch(a) : cublas_gemm(handle, a); };
+        y.poison();
+        run();
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<fa::half_t> out(size_t(m) * s.n);
+        CUDA_CHECK(cudaMemcpy(out.data(), y.get(), out.size() * 2, cudaMemcpyDeviceToHost));
+        const GemmError err = check(hm, out, sample(m, 8), sample(s.n, 64));
+        all_ok = all_ok && err.ok();
+        const double t = fa::time_ms(run, f.warmup, f.iters);
+        if (e.name == "cublas") cublas_ms = t;
+        if (e.name == "gemv") point.gemv_ms = t;
+        if (e.name == "flat") point.flat_ms = t;
+        if (e.name == "tile") point.tile_ms = t;
+        times.push_back({e.name == "auto" ? std::string("auto:") + k->name : e.name, t});
+        const double gbps = 2.0 * s.n * s.k / (t * 1e6), tflops = 2.0 * m * s.n * s.k / (t * 1e9);
+        std::printf("%6d %6d %5d %-7s %-6s %10.4f %9.1f %9.2f %9s  %s\n", s.n, s.k, m, e.name.c_str(),
+                    kernel_of(pick).name, t, gbps, tflops, "", err.summary().c_str());
+        csv.push_back(gpu + "," + e.name + "," + std::to_string(m) + "," + std::to_string(s.n) + "," +
+                      std::to_string(s.k) + "," + std::to_string(t) + "," + std::to_string(tflops) + "," +
+                      std::to_string(gbps) + ",@," + std::to_string(err.max_abs) + "," + std::to_string(err.bound) +
+                      "," + kernel_of(pick).name);
+      }
+      if (cublas_ms > 0) {  // the ratio to cuBLAS, once cuBLAS of the same (shape, M) is timed
+        std::printf("%25s x cuBLAS:", "");
+        for (const auto& [name, t] : times) std::printf(" %s %.2f", name.c_str(), cublas_ms / t);
+        std::printf("\n");
+      }
+      for (size_t i = csv.size() - times.size(); i < csv.size(); ++i) {
+        const double ratio = cublas_ms > 0 ? cublas_ms / times[i - (csv.size() - times.size())].second : 0;
+        csv[i].replace(csv[i].find('@'), 1, cublas_ms > 0 ? std::to_string(ratio) : std::string(""));
+      }
+      sweep.push_back(point);
+    }
+    if (!f.tune.empty()) tuned.push_back(inflection_row(gpu, s.n, s.k, sweep));
+  }
+  cublasDestroy(handle);
+
+  if (!f.csv.empty()) {
+    const bool fresh = !std::ifstream(f.csv) || std::ifstream(f.csv).peek() == EOF;
+    std::ofstream out(f.csv, std::ios::app);
+    if (fresh) out << "gpu,kernel,m,n,k,ms,tflops,gbps_w,vs_cublas,max_abs_err,bound,auto\n";
+    for (const std::string& line : csv) out << line << "\n";
+    if (!out) throw std::runtime_error("--csv " + f.csv + ": write failed");
+  }
+  if (!f.tune.empty()) {
+    std::vector<Row> rows;
+    for (const Row& r : tuned_file.rows)
+      if (r.gpu != gpu || r.op != Op::gemm) rows.push_back(r);  // other GPUs, and this GPU's attention row, kept
+    rows.insert(rows.end(), tuned.begin(), tuned.end());
+    std::ofstream out(f.tune, std::ios::trunc);
+    out << "# FlashDecoding++'s heuristic dataflow (gemm/dataflow.hpp: the format). gemm rows of a GPU written by\n"
+           "# decode_gemm --tune on it (M swept: " << f.m << "); attention rows are not measured by decode_gemm\n"
+           "# (compare flash_decoding --kernel split_kv_fused,split_kv_mma over packed rows and edit them).\n"
+        << format_rows(rows);
+    if (!out) throw std::runtime_error("--tune " + f.tune + ": write failed");
+    std::printf("tune:    %zu rows for %s written to %s\n", tuned.size(), gpu.c_str(), f.tune.c_str());
+  }
+  return fa::verdict(all_ok);
+} catch (...) {
+  return fa::exit_code_of_current_exception();
+}

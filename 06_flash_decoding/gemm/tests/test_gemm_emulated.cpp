@@ -1,0 +1,75 @@
+// The three kernels' own source run on the CPU through ../emu/emu.hpp (every GPU thread a cooperative context;
+// ldmatrix, mma.sync by the PTX ISA's rules; a cp.async destination NaN until the wait_group that lets it land;
+// shared memory garbage at every block), each through its own launch function, against fp64 with check.hpp's rule.
+// Shapes: M = 1, 3, 8, 9, 17 (a group of 8 and its tail; the tile's 64 rows), N and K that are not tile multiples
+// (a K long enough that the double buffer turns over several times), the flat GEMM with 1, 2 and 3 splits.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+#include "gemm.cuh"
+
+using namespace fdec::gemm;
+
+namespace {
+
+// One run of `launch` on h, Y and the workspace NaN-poisoned first; every entry checked.
+GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits = 1) {
+  std::vector<fa::half_t> y(size_t(h.m) * h.n, fa::half_t{0x7FFF});  // NaN
+  std::vector<float> ws(size_t(splits) * h.m * h.n, NAN);
+  Args a;
+  a.m = h.m, a.n = h.n, a.k = h.k;
+  a.x = reinterpret_cast<const __half*>(h.x.data()), a.w = reinterpret_cast<const __half*>(h.w.data());
+  a.y = reinterpret_cast<__half*>(y.data());
+  a.splits = splits, a.workspace = splits > 1 ? ws.data() : nullptr;
+  launch(a);
+  return check_all(h, y);
+}
+
+}  // namespace
+
+TEST_CASE("06 gemm emulated: gemv, flat and tile on ragged M, N, K vs fp64") {
+  struct Shape {
+    int n, k;
+  };
+  // N: under one flat tile, a tile and a tail, two tiles and a tail; K: one piece, a K tile and a tail, 3+ K tiles
+  const std::vector<Shape> shapes = {{5, 8}, {77, 136}, {136, 392}};
+  for (int m : {1, 3, 8, 9, 17})
+    for (const Shape& s : shapes) {
+      const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
+      for (const Kernel& kernel : kernels()) {
+        INFO(kernel.name, ": M ", m, ", N ", s.n, ", K ", s.k);
+        const GemmError e = run(h, kernel.launch);
+        INFO(e.summary());
+        CHECK(e.ok());
+      }
+    }
+}
+
+TEST_CASE("06 gemm emulated: the flat GEMM's split-K (1, 2, 3 pieces) and its reduction") {
+  const HostGemm h = make_inputs(9, 70, 520, 7);  // 5 K tiles of 128 (the last one 8 wide), cut 1, 2, 3 ways
+  for (int splits : {1, 2, 3}) {
+    INFO("splits ", splits);
+    const GemmError e = run(h, flat::launch, splits);
+    INFO(e.summary());
+    CHECK(e.ok());
+  }
+}
+
+TEST_CASE("06 gemm: shapes the kernels refuse") {
+  CHECK_THROWS_AS(check_shape(1, 64, 12), fa::UsageError);  // K not a multiple of 8
+  CHECK_THROWS_AS(check_shape(0, 64, 64), fa::UsageError);
+  CHECK_NOTHROW(check_shape(1, 1, 8));
+  const HostGemm h = make_inputs(1, 16, 16, 3);  // 1 K tile: 2 splits are too many
+  CHECK_THROWS(run(h, flat::launch, 2));
+}
+
+TEST_CASE("06 gemm: flat_splits fills the SMs when N alone does not") {
+  CHECK(flat_splits(1, 4096, 4096, 132) == 5);    // 64 blocks -> 5 pieces of 32 K tiles
+  CHECK(flat_splits(1, 12288, 4096, 132) == 2);   // 192 blocks
+  CHECK(flat_splits(1, 32768, 4096, 132) == 1);   // 512 blocks fill 132 SMs
+  CHECK(flat_splits(1, 64, 256, 132) == 2);       // no more pieces than K tiles
+  CHECK(flat_splits(1, 64, 1 << 20, 132) == kMaxSplits);
+}

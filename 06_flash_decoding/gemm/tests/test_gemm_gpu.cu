@@ -1,0 +1,70 @@
+// Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on the emulated test's ragged
+// shapes (M = 1, 3, 8, 9, 17; N, K not tile multiples) and on one 7B-class shape per kernel, the flat GEMM with the
+// split-K that flat_splits picks for this GPU and with 3 splits forced. Y and the workspace are NaN-poisoned first.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "check.hpp"
+#include "device.cuh"
+#include "device_buffer.cuh"
+#include "gemm.cuh"
+
+using namespace fdec::gemm;
+
+namespace {
+
+GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool sampled) {
+  fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(h.m) * h.n);
+  fa::DeviceBuffer<float> ws(std::max<size_t>(1, size_t(splits) * h.m * h.n));
+  CUDA_CHECK(cudaMemcpy(x.get(), h.x.data(), h.x.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(w.get(), h.w.data(), h.w.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(y.get(), 0xFF, y.bytes()));  // NaN
+  CUDA_CHECK(cudaMemset(ws.get(), 0xFF, ws.bytes()));
+  Args a;
+  a.m = h.m, a.n = h.n, a.k = h.k, a.x = x.get(), a.w = w.get(), a.y = y.get();
+  a.splits = splits, a.workspace = splits > 1 ? ws.get() : nullptr;
+  launch(a);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<fa::half_t> out(size_t(h.m) * h.n);
+  CUDA_CHECK(cudaMemcpy(out.data(), y.get(), y.bytes(), cudaMemcpyDeviceToHost));
+  return sampled ? check(h, out, sample(h.m, 8), sample(h.n, 64)) : check_all(h, out);
+}
+int sms() { return fa::device_props().multiProcessorCount; }
+
+}  // namespace
+
+TEST_CASE("06 gemm GPU: every kernel on ragged M, N, K vs fp64") {
+  struct Shape {
+    int n, k;
+  };
+  for (int m : {1, 3, 8, 9, 17})
+    for (const Shape& s : std::vector<Shape>{{5, 8}, {77, 136}, {136, 392}, {1000, 1032}}) {
+      const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
+      for (const Kernel& kernel : kernels()) {
+        const int splits = kernel.path == Path::flat ? flat_splits(m, s.n, s.k, sms()) : 1;
+        INFO(kernel.name, ": M ", m, ", N ", s.n, ", K ", s.k, ", splits ", splits);
+        const GemmError e = run(h, kernel.launch, splits, false);
+        INFO(e.summary());
+        CHECK(e.ok());
+      }
+      if (s.k >= 3 * kFlatTileK) {
+        const GemmError e = run(h, flat::launch, 3, false);
+        INFO("flat, 3 splits: M ", m, ", N ", s.n, ", K ", s.k, ": ", e.summary());
+        CHECK(e.ok());
+      }
+    }
+}
+
+TEST_CASE("06 gemm GPU: a 7B-class shape (N 4096, K 11008), sampled entries") {
+  for (int m : {1, 8, 64, 200}) {
+    const HostGemm h = make_inputs(m, 4096, 11008, 77 + m);
+    for (const Kernel& kernel : kernels()) {
+      const int splits = kernel.path == Path::flat ? flat_splits(m, h.n, h.k, sms()) : 1;
+      INFO(kernel.name, ": M ", m, ", splits ", splits);
+      const GemmError e = run(h, kernel.launch, splits, true);
+      INFO(e.summary());
+      CHECK(e.ok());
+    }
+  }
+}
