@@ -71,6 +71,9 @@ import step_counters  # noqa: E402  (05's per-step counters: tables, no figure)
 GiB = 1024.0 ** 3
 TOUR_SUFFIX = "_tour.csv"  # scripts/tour.sh's rows (every program on its defaults): shown by the tour, not plotted
 TRAIN_SUFFIX = "_train.csv"  # scripts/train_gpt.py: loss curves, not result rows (<gpu>_train_*.csv: tables only)
+# Side tables quoted by a page, not drawn: the training curves and lab 10's sweep (_train*), chapter 06's step 10
+# against step 6 (_06_flat), the decode GEMMs of 06/gemm (_gemm, decode_gemm's own CSV format).
+SIDE_TABLES = ("_train", "_06_flat", "_gemm")
 JOURNEY_SUFFIX = "_journey.csv"  # scripts/measure.sh --chapters journey: rows for the journey figure only
 
 # Human names for (chapter, kernel). Two kernel names that are the same kernel map to the same label.
@@ -1048,7 +1051,7 @@ def main():
     io_files = io_counters.io_csvs(args.results)
     csvs = sorted(os.path.join(args.results, f) for f in os.listdir(args.results)
                   if f.endswith(".csv") and not f.endswith(step_counters.SUFFIX) and not f.endswith(TOUR_SUFFIX)
-                  and "_train" not in f and os.path.join(args.results, f) not in io_files)
+                  and not any(part in f for part in SIDE_TABLES) and os.path.join(args.results, f) not in io_files)
     journey_files = [c for c in csvs if c.endswith(JOURNEY_SUFFIX)]
     csvs = [c for c in csvs if c not in journey_files]
     if not csvs and not journey_files:

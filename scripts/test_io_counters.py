@@ -31,7 +31,8 @@ LAUNCHES = {
                      "void wsq::(anonymous namespace)::kernel<__half, (int)64, (int)128, (int)64>(fa::Problem)"],
     "flash_decoding": ["fill_kernel"] * 3 + [
         "void fdec::(anonymous namespace)::split_kernel<__half, (int)128, (int)4, (bool)0, (bool)0>(Args<__half>)"] +
-        ["split_kernel", "merge_kernel"] * 3 + ["split_kernel"] * 2 + ["even_kernel"] + ["split_kernel", "merge_kernel"] * 2,
+        ["split_kernel", "merge_kernel"] * 3 + ["split_kernel"] * 2 + ["even_kernel"] + ["split_kernel", "merge_kernel"] * 2
+        + ["split_kernel"],
 }
 # The rows each program writes with --csv: (chapter, kernel, pass, dtype, B, H, Hkv, Nq, Nk, d, model bytes).
 ROWS = {
@@ -45,7 +46,7 @@ ROWS = {
     "warp_split_q": [("05", "v7_tiles", "fwd", "fp16", 1, 16, 16, 2048, 2048, 64, 1.7e7)],
     "flash_decoding": [("06", k, "fwd", "fp16", 1, 32, 8, 1, 32768, 128, 1.4e8)
                        for k in ("fa2_grid", "split_kv", "split_kv_gqa", "split_kv_pipelined", "split_kv_fused", "split_kv_mma",
-                                 "split_kv_even", "unified_max", "paged")] +
+                                 "split_kv_even", "unified_max", "paged", "flat_gemm")] +
                       [("06", "read_kv", "read", "fp16", 1, 32, 8, 1, 32768, 128, 1.3e8)],
 }
 PROGRAMS = {"naive": "00_naive", "fa1_backward": "03_fa1_backward", "fa2": "04_fa2",
@@ -125,7 +126,7 @@ class IoCounters(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(self.out, newline="") as f:
             rows = {(x["chapter"], x["kernel"], x["pass"]): x for x in csv.DictReader(f)}
-        self.assertEqual(len(rows), 17)
+        self.assertEqual(len(rows), 18)
         # 00 backward: launches 3..7 of the naive run (the forward's three come first).
         bwd = rows[("00", "naive", "bwd")]
         self.assertEqual(float(bwd["dram_read"]), 1.5e6 * sum(range(4, 9)))
