@@ -23,6 +23,7 @@
 #include "device.cuh"
 #include "flash_decoding.cuh"
 #include "formulas.hpp"
+#include "gemm/dataflow.hpp"
 #include "model.hpp"
 #include "npy.hpp"
 #include "program.cuh"
@@ -35,7 +36,7 @@ constexpr double kCheckBudget = 2e9;   // fp64 multiply-adds the check may spend
 constexpr fa::Tolerance kTolLse = fa::kTolFp32Forward;  // LSE is fp32 from exact (rounded) inputs, as in chapter 04
 
 struct Flags {
-  std::string kernel = "all", dtype = "fp16", kv_lens, phi = "0", l2_policy = "auto";
+  std::string kernel = "all", dtype = "fp16", kv_lens, phi = "0", l2_policy = "auto", table;
   bool ragged = false, sweep_splits = false, list_steps = false;
   int splits = 0, page_size = 16;
 };
@@ -44,6 +45,8 @@ struct Flags {
 struct Setup {
   fa::Dtype t = fa::Dtype::fp16;
   std::vector<const fdec::Step*> kernels;
+  bool auto_kernel = false;  // --kernel auto: the heuristic dataflow's choice (gemm/dataflow.hpp), with the GPU known
+  fdec::gemm::Table table;   // --table: the dataflow's table (none: its built-in default)
   std::vector<int> lens;  // per batch entry; filled once the shape is final (after --in)
   float phi = 0.f;
   int evict_first = -1;  // --l2-policy: -1 auto (plan's choice), 1 evict-first, 0 evict-normal
@@ -69,8 +72,15 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
 Setup parse_setup(fa::Options& opts, const Flags& f) {
   Setup s;
   s.t = fa::parse_dtype(f.dtype);
-  for (const fdec::Step& k : fa::select_steps(fdec::kernels(), f.kernel))  // "all", a name, or "a,b"
-    s.kernels.push_back(&fdec::kernel_named(k.name));
+  std::string names;  // --kernel without "auto", which is not a step of the registry
+  std::stringstream list(f.kernel);
+  for (std::string item; std::getline(list, item, ',');)
+    if (item == "auto") s.auto_kernel = true;
+    else names += (names.empty() ? "" : ",") + item;
+  if (!names.empty() || !s.auto_kernel)
+    for (const fdec::Step& k : fa::select_steps(fdec::kernels(), names))  // "all", a name, or "a,b"
+      s.kernels.push_back(&fdec::kernel_named(k.name));
+  if (!f.table.empty()) s.table = fdec::gemm::read_table(f.table);  // a malformed file: exit 2, naming it
   char* end = nullptr;
   s.phi = std::strtof(f.phi.c_str(), &end);
   if (f.phi.empty() || *end || !std::isfinite(s.phi)) throw fa::UsageError("bad value '" + f.phi + "' for --phi");
@@ -331,6 +341,22 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
   return ok;
 }
 
+// --kernel auto: FlashDecoding++'s heuristic dataflow for this GPU and the block's packed rows (G x q_len): the
+// CUDA-core kernel up to the table's threshold, the tensor-core kernel beyond (gemm/dataflow.hpp). Its rows are named
+// "auto", next to the kernels it chooses among.
+const fdec::Step& dataflow_choice(const fa::Problem& p, const Setup& s) {
+  const int rows = fdec::rows_of(p, true).per_unit();
+  const fdec::gemm::AttentionPath path = fdec::gemm::choose_attention(s.table, fa::device_name(), rows);
+  const fdec::Step& chosen = fdec::kernel_named(fdec::gemm::attention_kernel(path, rows));
+  static fdec::Step step;
+  step = chosen;
+  step.name = "auto";
+  step.idea = "the heuristic dataflow's choice for this GPU and row count";
+  std::printf("auto:    %d packed rows on %s -> %s (%s)\n", rows, fa::device_name().c_str(), chosen.name,
+              s.table.rows.empty() ? "the built-in default" : "the --table file");
+  return step;
+}
+
 // Device bytes: Q, O (16-bit), LSE, the 16-bit K and V cache (twice for the paged kernel's copy), the split
 // workspace at the largest split (or split_kv_even block) count.
 double device_bytes(const fa::Problem& p, const Setup& s) {
@@ -351,7 +377,10 @@ int main(int argc, char** argv) try {
               "fp16/bf16, every kernel checked against the fp64 reference and timed next to a read-only ceiling.",
               defaults);
   cli.add_option("--kernel", &f.kernel,
-                 "kernels to run: " + fa::step_names(fdec::kernels()) + ", a comma-separated list, or all");
+                 "kernels to run: " + fa::step_names(fdec::kernels()) + ", a comma-separated list, or all; auto: the "
+                 "kernel the heuristic dataflow picks (--table)");
+  cli.add_option("--table", &f.table,
+                 "the heuristic dataflow's table for --kernel auto (gemm/dataflow.tsv; none: its built-in default)");
   cli.add_flag("--list-steps", &f.list_steps,
                "print the steps (the kernels in ladder order), one a line: name, dtypes, GPUs, idea (tab-separated), "
                "and exit");
@@ -393,6 +422,7 @@ int main(int argc, char** argv) try {
 
   // 3. The GPU (none: exit 1), and room on it.
   fa::require_gpu();
+  if (s.auto_kernel) s.kernels.push_back(&dataflow_choice(p, s));
   fa::require_device_memory(device_bytes(p, s), "query, cache, outputs and the split workspace");
 
   // 4-6. Run, check, time and print every kernel.

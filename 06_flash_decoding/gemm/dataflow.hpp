@@ -1,7 +1,8 @@
 // FlashDecoding++'s heuristic dataflow (README.md §6): per GPU and per linear-layer shape, which implementation to
 // run for a given M, read off a small table of inflection points measured on that GPU (decode_gemm --tune). The
 // same table holds the attention kernels' switch of chapter 06: CUDA cores (split_kv_fused) up to some packed row
-// count (group x q_len), tensor cores (split_kv_mma) beyond. Plain C++: the CPU tests run it.
+// count (group x q_len), tensor cores beyond (flat_gemm up to 8 rows, split_kv_mma above). Plain C++: the CPU tests
+// run it.
 //
 // The file (dataflow.tsv is the committed one): lines starting with # are comments, blank lines are skipped; the
 // first other line is the header, exactly
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "plan.hpp"     // kFlatRows
 #include "problem.hpp"  // fa::UsageError
 
 namespace fdec::gemm {
@@ -164,6 +166,26 @@ inline AttentionPath choose_attention(const Table& t, const std::string& gpu, in
   const Row* r = find_row(t, gpu, Op::attention, kAny, kAny);
   const int max_rows = r ? r->cuda_core_max : kBuiltinAttentionMax;
   return packed_rows <= max_rows ? AttentionPath::cuda_cores : AttentionPath::tensor_cores;
+}
+
+// The chapter's decode kernel (its registry name) for a path and a packed row count: the tensor-core path takes the
+// flat form up to its 8 rows, the 16-row tile above.
+inline const char* attention_kernel(AttentionPath path, int packed_rows) {
+  if (path == AttentionPath::cuda_cores) return "split_kv_fused";
+  return packed_rows <= kFlatRows ? "flat_gemm" : "split_kv_mma";
+}
+// --tune's attention sweep (packed rows ascending, the CUDA-core and the tensor-core kernel's times) -> the row:
+// cuda_core_max is the last row count of the first run where split_kv_fused is at least as fast (0 if none).
+struct AttentionPoint {
+  int rows;
+  double cuda_core_ms, tensor_core_ms;
+};
+inline Row attention_row(const std::string& gpu, const std::vector<AttentionPoint>& sweep) {
+  Row r;
+  r.gpu = gpu, r.op = Op::attention;
+  for (size_t i = 0; i < sweep.size() && sweep[i].cuda_core_ms <= sweep[i].tensor_core_ms; ++i)
+    r.cuda_core_max = sweep[i].rows;
+  return r;
 }
 
 // --tune: one shape's sweep (M ascending, the three kernels' times) -> its row. cuda_core_max is the last M of the

@@ -17,6 +17,7 @@
 #include "check.hpp"
 #include "dataflow.hpp"
 #include "device_buffer.cuh"
+#include "flash_decoding.cuh"
 #include "gemm.cuh"
 #include "program.cuh"
 #include "timer.cuh"
@@ -45,8 +46,8 @@ const char* kUsage =
     "  --shapes LIST     NxK shapes of W, K a multiple of 8 [4096x4096,12288x4096,11008x4096,4096x11008]\n"
     "  --kernel LIST     of gemv, flat, tile, cublas, auto [gemv,flat,tile,cublas,auto]\n"
     "  --table FILE      the dataflow table auto reads (dataflow.hpp's format) [built-in default]\n"
-    "  --tune FILE       time gemv, flat and tile, and write this GPU's inflection points into FILE\n"
-    "                    (its other GPUs' rows are kept)\n"
+    "  --tune FILE       time gemv, flat and tile, and split_kv_fused against the tensor-core decode kernel over\n"
+    "                    1..16 packed rows, and write this GPU's inflection points into FILE (other rows kept)\n"
     "  --check-table     only parse --table and exit (0: it is well formed)\n"
     "  --iters N         timed runs, the median is reported [20]\n"
     "  --warmup N        untimed runs first [3]\n"
@@ -116,6 +117,40 @@ void cublas_gemm(cublasHandle_t h, const Args& a) {
   cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, a.n, a.m, a.k, &one, a.w, CUDA_R_16F, a.k, a.x, CUDA_R_16F,
                             a.k, &zero, a.y, CUDA_R_16F, a.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
+}
+
+// --tune's attention half: one decode token at B = 1, H = 32, 32k keys, d = 128, fp16, with G = 1, 2, 4, 8, 16
+// packed rows (Hkv = 32 / G): the CUDA-core kernel (split_kv_fused) against the tensor-core one for G rows
+// (attention_kernel), each as flash_decoding plans it. The kernels' answers are checked by flash_decoding and its
+// tests; here they are only timed.
+Row attention_sweep(const std::string& gpu, int warmup, int iters) {
+  std::vector<AttentionPoint> sweep;
+  for (int rows : {1, 2, 4, 8, 16}) {
+    fa::Problem p;
+    p.batch = 1, p.heads = 32, p.kv_heads = 32 / rows, p.q_len = 1, p.kv_len = 32768, p.head_dim = 128;
+    fa::DeviceBuffer<uint16_t> q(p.q_elems()), o(p.q_elems()), k(p.kv_elems()), v(p.kv_elems());
+    fa::DeviceBuffer<float> lse(p.lse_elems());
+    fa::DeviceBuffer<int> lens(std::vector<int>{p.kv_len}), fallbacks(1);
+    fdec::fill_random(fa::Dtype::fp16, p.q_elems(), 1, fdec::Tensor::q, q.get());
+    fdec::fill_random(fa::Dtype::fp16, p.kv_elems(), 1, fdec::Tensor::k, k.get());
+    fdec::fill_random(fa::Dtype::fp16, p.kv_elems(), 1, fdec::Tensor::v, v.get());
+    const fdec::Cache cache{k.get(), v.get(), lens.get(), nullptr, 0, 0};
+    const char* names[2] = {attention_kernel(AttentionPath::cuda_cores, rows),
+                            attention_kernel(AttentionPath::tensor_cores, rows)};
+    double ms[2];
+    for (int i = 0; i < 2; ++i) {
+      const fdec::Step& step = fdec::kernel_named(names[i]);
+      const fdec::Launch l = fdec::plan(step, p, fa::Dtype::fp16, p.kv_len, 0);
+      fa::DeviceBuffer<float> ws(std::max<size_t>(1, fdec::workspace_floats(p, l.splits)));
+      ms[i] = fa::time_ms([&] { fdec::forward(step, p, fa::Dtype::fp16, q.get(), cache, o.get(), lse.get(), l, 0.f,
+                                              ws.get(), fallbacks.get()); },
+                          warmup, iters);
+    }
+    std::printf("tune:    attention, %2d packed rows: %s %.4f ms, %s %.4f ms\n", rows, names[0], ms[0], names[1],
+                ms[1]);
+    sweep.push_back({rows, ms[0], ms[1]});
+  }
+  return attention_row(gpu, sweep);
 }
 
 }  // namespace
@@ -232,15 +267,16 @@ int main(int argc, char** argv) try {
   if (!f.tune.empty()) {
     std::vector<Row> rows;
     for (const Row& r : tuned_file.rows)
-      if (r.gpu != gpu || r.op != Op::gemm) rows.push_back(r);  // other GPUs, and this GPU's attention row, kept
+      if (r.gpu != gpu) rows.push_back(r);  // the defaults and other GPUs' rows, kept
     rows.insert(rows.end(), tuned.begin(), tuned.end());
+    rows.push_back(attention_sweep(gpu, f.warmup, f.iters));
     std::ofstream out(f.tune, std::ios::trunc);
-    out << "# FlashDecoding++'s heuristic dataflow (gemm/dataflow.hpp: the format). gemm rows of a GPU written by\n"
-           "# decode_gemm --tune on it (M swept: " << f.m << "); attention rows are not measured by decode_gemm\n"
-           "# (compare flash_decoding --kernel split_kv_fused,split_kv_mma over packed rows and edit them).\n"
+    out << "# FlashDecoding++'s heuristic dataflow (gemm/dataflow.hpp: the format). A GPU's rows are written by\n"
+           "# decode_gemm --tune on it: gemm rows from the sweep of M (" << f.m << ") on each shape, the attention\n"
+           "# row from split_kv_fused against the tensor-core kernel over 1..16 packed rows (B 1, 32k keys, d 128).\n"
         << format_rows(rows);
     if (!out) throw std::runtime_error("--tune " + f.tune + ": write failed");
-    std::printf("tune:    %zu rows for %s written to %s\n", tuned.size(), gpu.c_str(), f.tune.c_str());
+    std::printf("tune:    %zu rows for %s written to %s\n", tuned.size() + 1, gpu.c_str(), f.tune.c_str());
   }
   return fa::verdict(all_ok);
 } catch (...) {

@@ -126,3 +126,19 @@ TEST_CASE("06 dataflow: the inflection points of a sweep") {
   CHECK(r2.cuda_core_max == 0);
   CHECK(r2.flat_max == 0);
 }
+
+TEST_CASE("06 dataflow: the attention kernel for a path and a row count, and the attention sweep's row") {
+  CHECK(std::string(attention_kernel(AttentionPath::cuda_cores, 4)) == "split_kv_fused");
+  CHECK(std::string(attention_kernel(AttentionPath::tensor_cores, 1)) == "flat_gemm");
+  CHECK(std::string(attention_kernel(AttentionPath::tensor_cores, 8)) == "flat_gemm");
+  CHECK(std::string(attention_kernel(AttentionPath::tensor_cores, 9)) == "split_kv_mma");
+  // CUDA cores at least as fast up to 2 rows, then slower
+  const Row r = attention_row("G", {{1, 1.0, 1.1}, {2, 1.0, 1.0}, {4, 1.2, 1.0}, {8, 1.0, 2.0}});
+  CHECK(r.op == Op::attention);
+  CHECK(r.cuda_core_max == 2);
+  CHECK(attention_row("G", {{1, 2.0, 1.0}}).cuda_core_max == 0);
+  // the row as the table writes and reads it
+  const Table t = parse_table(format_rows({r}), "sweep.tsv");
+  CHECK(choose_attention(t, "G", 2) == AttentionPath::cuda_cores);
+  CHECK(choose_attention(t, "G", 3) == AttentionPath::tensor_cores);
+}
