@@ -56,7 +56,7 @@ inline int flat_splits(int m, int n, int k, int sms) {
 inline size_t workspace_floats(const Args& a) { return a.splits > 1 ? size_t(a.splits) * a.m * a.n : 0; }
 
 // The kernels' host functions (one per file; each launches through steps/ready.cuh's launch_kernel, so that the
-// emulation of 06's emu/emu.hpp runs the same source on the CPU).
+// emulation of 06's tests/emu/emu.hpp runs the same source on the CPU).
 namespace gemv { void launch(const Args& a); }
 namespace flat { void launch(const Args& a); }
 namespace tile { void launch(const Args& a); }

@@ -1,6 +1,6 @@
 // The PTX the ladder's kernels write out themselves (besides common/ptx.cuh's tensor-core wrappers): the K/V stream's
 // copies (cp.async with an L2 policy) and the fused merge's arrival count (an acquire-release atomic). The CPU
-// emulation (emu/emu.hpp) provides the same functions, so it defines this guard instead of #pragma once.
+// emulation (tests/emu/emu.hpp) provides the same functions, so it defines this guard instead of #pragma once.
 #ifndef FDEC_ASYNC_PTX_CUH
 #define FDEC_ASYNC_PTX_CUH
 #include <cstdint>

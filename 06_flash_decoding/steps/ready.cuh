@@ -1,5 +1,5 @@
 // A step's kernel made ready and launched: its shared-memory limit raised once per device, the occupancy query for
-// plan(), and the launch with its error check. The CPU emulation (emu/emu.hpp) runs the same kernels through its own
+// plan(), and the launch with its error check. The CPU emulation (tests/emu/emu.hpp) runs the same kernels through its own
 // versions of these three, so it defines this guard instead of #pragma once.
 #ifndef FDEC_READY_CUH
 #define FDEC_READY_CUH

@@ -1,4 +1,4 @@
-// The chapter's kernels themselves, run on the CPU through emu/emu.hpp (every GPU thread a cooperative context;
+// The chapter's kernels themselves, run on the CPU through tests/emu/emu.hpp (every GPU thread a cooperative context;
 // shuffles, ldmatrix, mma.sync by the PTX ISA's rules; cp.async landing only at the wait_group that lets it): each
 // step's own source, its host function included (the Args it builds, its grid, its merge), on host memory, against
 // the fp64 reference with the GPU tests' rule (O within 2 x the plain same-dtype attention's error + floor, LSE within

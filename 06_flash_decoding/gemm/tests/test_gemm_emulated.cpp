@@ -1,4 +1,4 @@
-// The three kernels' own source run on the CPU through ../emu/emu.hpp (every GPU thread a cooperative context;
+// The three kernels' own source run on the CPU through ../tests/emu/emu.hpp (every GPU thread a cooperative context;
 // ldmatrix, mma.sync by the PTX ISA's rules; a cp.async destination NaN until the wait_group that lets it land;
 // shared memory garbage at every block), each through its own launch function, against fp64 with check.hpp's rule.
 // Shapes: M = 1, 3, 8, 9, 17 (a group of 8 and its tail; the tile's 64 rows), N and K that are not tile multiples
