@@ -1,4 +1,4 @@
-// Step 11's quantisation pass (README section 4): bf16 Q, K, V -> e4m3 bytes and scales, in two kernels per
+// Step 11's quantisation pass (README section 7): bf16 Q, K, V -> e4m3 bytes and scales, in two kernels per
 // tensor. One block per 128-row block of one (batch, head) plane, one thread per row (its d values in registers):
 //   amax:     rotate the row if asked (signs, fast Walsh-Hadamard transform, 1/sqrt(d): fp8.hpp rotate_row), the
 //             block's largest |x| by a shared-memory max

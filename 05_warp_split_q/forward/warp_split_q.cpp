@@ -161,7 +161,7 @@ std::vector<Fp8Step> select_fp8_steps(const std::string& kernel) {
 void check_not_fp8_steps(const std::string& kernel) {
   for (const std::string& name : split_names(kernel))
     if (name == kFp8StepName)
-      throw fa::UsageError(std::string(kFp8StepName) + " takes --dtype fp8 only (e4m3 inputs; README section 4)");
+      throw fa::UsageError(std::string(kFp8StepName) + " takes --dtype fp8 only (e4m3 inputs; README section 7)");
 }
 
 }  // namespace wsq

@@ -1,4 +1,4 @@
-// The FP8 accuracy lab (README section 4.6), on the CPU: O of one attention computed five ways against the fp64
+// The FP8 accuracy lab (README section 7.6), on the CPU: O of one attention computed five ways against the fp64
 // reference, on the FA3 paper's inputs - Q, K, V ~ N(0, 1) with 0.1% of the entries drawn from N(0, 10^2) - and on
 // the same inputs without outliers. RMSE and max |error| of O for: fp16 (the arithmetic of step 10: inputs, S's
 // products and P in fp16, fp32 accumulation), fp8 with one scale per tensor, fp8 with one scale per 128-row block,
@@ -40,7 +40,7 @@ int main(int argc, char** argv) try {
   defaults.problem.batch = 1, defaults.problem.heads = 4, defaults.problem.q_len = 1024, defaults.problem.head_dim = 128;
   fa::Cli cli("fp8_lab",
               "Chapter 05's FP8 accuracy lab on the CPU: RMSE and max error of O vs fp64 for fp16, fp8 per tensor, "
-              "fp8 per block, and both with the Hadamard rotation, with and without 0.1% outliers (README section 4)",
+              "fp8 per block, and both with the Hadamard rotation, with and without 0.1% outliers (README section 7)",
               defaults);
   cli.extend_help("--head-dim", "64 or 128");
   const fa::Options opts = cli.parse(argc, argv);
