@@ -8,6 +8,8 @@
 //                                               for bf16: NumPy has no bf16) and lse.npy (float32)
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
 //   ./warp_split_q --kernel v8_two_row_tiles --block-mask local:512 --q-len 16384   block-sparse step 8
+//   ./warp_split_q --dtype fp8 [--fp8-scale tensor] [--hadamard]   step 11 (sm_90): e4m3 with block (or tensor)
+//                                               scales, Q and K rotated with --hadamard; O in bf16 (README section 7)
 //   ./warp_split_q --list-steps [--backward]    the steps this GPU runs, one a line (what the scripts read)
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <algorithm>
@@ -28,6 +30,8 @@
 #include "backward/bwd_program.cuh"
 #include "forward/check.hpp"
 #include "forward/warp_split_q.cuh"
+#include "hopper/fp8.cuh"
+#include "hopper/fp8_model.hpp"
 
 namespace {
 
@@ -35,6 +39,8 @@ struct Flags {
   std::string kernel = "all", dtype = "fp16", bwd_kernel = "all";
   std::string block_mask;  // SPEC (common/block_mask.hpp), empty = dense only
   bool no_previous = false, backward = false, list_steps = false;
+  std::string fp8_scale = "block";  // --dtype fp8: block or tensor
+  bool hadamard = false;            // --dtype fp8: incoherent processing
 };
 
 fa::Options defaults() {
@@ -144,6 +150,51 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
   return ok;
 }
 
+// --dtype fp8 (README section 7): the bf16-rounded inputs quantised on the GPU (fp8_quant.cu), then each fp8 step;
+// O (bf16) and LSE checked with the fp8 rule (fp8_model.hpp: at most 2x the plain fp8 attention's error vs fp64,
+// plus the floors). The timed row is the attention alone (as FP8 attention is measured: its inputs arrive
+// quantised); the quantisation pass is timed on a row of its own.
+bool run_fp8(const fa::Options& opts, const Flags& f, const fa::Problem& p, const fa::HostTensors& in,
+             const std::vector<wsq::Fp8Step>& steps) {
+  using T = fa::bfloat16_t;
+  fa::DeviceBuffer<T> q(fa::to_dtype<T>(in.q)), k(fa::to_dtype<T>(in.k)), v(fa::to_dtype<T>(in.v)), o(p.q_elems());
+  fa::DeviceBuffer<float> lse(p.lse_elems());
+  wsq::fp8::Options o8;
+  o8.scaling = f.fp8_scale == "tensor" ? wsq::fp8::Scaling::tensor : wsq::fp8::Scaling::block;
+  o8.hadamard = f.hadamard;
+  wsq::fp8::Tensors z(p);
+  auto quantise = [&] { wsq::fp8::quantise(p, o8, q.get(), k.get(), v.get(), z); };
+  const wsq::fp8::Reference ref = wsq::fp8::reference(p, o8, in.q, in.k, in.v);
+  bool ok = true;
+  std::vector<fa::ResultRow> rows;
+  for (const wsq::Fp8Step& s : steps) {
+    auto go = [&] { s.launch(p, z.view(), o.get(), lse.get()); };
+    o.poison(), lse.poison();
+    quantise();
+    go();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<T> o_t = o.download();
+    const std::vector<float> o_f = widen(o_t), lse_f = lse.download();
+    const wsq::LowpCheck c = wsq::fp8::check_forward(p, ref, o_f, lse_f);
+    std::printf("check:   %-12s %s: %s\n", s.name, c.what.c_str(), c.summary().c_str());
+    ok = ok && c.ok();
+    if (!opts.out_dir.empty()) fa::write_forward_outputs(opts.out_dir, p, o_f, lse_f);  // bf16 as float32
+    fa::ResultRow r = fa::result_row("05", s.name, "fwd", p);
+    r.dtype = "fp8", r.model_hbm_bytes = fa::hbm_bytes_min_forward(p, 1), r.max_abs_err = c.o.max_abs;
+    if (opts.iters <= 0) continue;
+    rows.push_back(fa::time_kernel(opts, r, go));
+    fa::ResultRow rq = fa::result_row("05", "fp8_quantise", "fwd", p);
+    rq.dtype = "fp8";
+    rq = fa::time_kernel(opts, rq, quantise);
+    rq.tflops = 0;  // moves bytes, computes no attention
+    std::printf("quantisation pass: %.3f ms (Q, K, V -> e4m3 with %s scales%s)\n", rq.ms, f.fp8_scale.c_str(),
+                f.hadamard ? ", Hadamard on Q and K" : "");
+    rows.push_back(rq);
+  }
+  fa::report_rows(opts, rows);
+  return ok;
+}
+
 // Device bytes: Q, K, V, O in the dtype and LSE; 04's fp32 copies of the same; with --backward dO in the dtype,
 // fp32 dQ, dK, dV, and the larger of the two chapters' backward workspaces.
 double device_bytes(const fa::Problem& p, bool backward) {
@@ -169,7 +220,13 @@ int main(int argc, char** argv) try {
                      (wsq::hopper_steps_built() ? " (v9_wgmma_tma and v10_pingpong are listed on an sm_90 GPU only)"
                                                 : " (built without the Hopper steps)") +
                      ", or none with --backward (time only the backward); default all");
-  cli.add_option("--dtype", &f.dtype, "fp16 or bf16: inputs are rounded to it on load (default fp16)");
+  cli.add_option("--dtype", &f.dtype,
+                 "fp16 or bf16: inputs are rounded to it on load (default fp16); fp8: step 11 alone (sm_90 GPU): "
+                 "inputs rounded to bf16, quantised to e4m3 on the GPU, O written in bf16");
+  cli.add_option("--fp8-scale", &f.fp8_scale,
+                 "with --dtype fp8: block (one scale per 128-row block of Q, K and V; default) or tensor");
+  cli.add_flag("--hadamard", &f.hadamard,
+               "with --dtype fp8: incoherent processing, Q and K rotated by D H / sqrt(d) in the quantisation pass");
   cli.add_flag("--no-previous", &f.no_previous, "do not time chapter 04 for comparison");
   cli.add_flag("--backward", &f.backward,
                "also run, check and time the backward steps (both dQ modes) and 04's backward (BACKWARD.md)");
@@ -187,16 +244,31 @@ int main(int argc, char** argv) try {
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
   if (f.list_steps) {  // before any GPU work: the scripts read the ladders from here
-    if (f.backward)
+    if (f.backward) {
       fa::print_steps(wsq::backward_steps());
-    else
+    } else {
       fa::print_steps(wsq::forward_steps());
+      fa::print_steps(wsq::fp8_steps());
+    }
     return 0;
   }
-  const fa::Dtype t = fa::parse_dtype(f.dtype);
+  const bool fp8 = f.dtype == "fp8";  // O and the rounding of the inputs: bf16
+  const fa::Dtype t = fp8 ? fa::Dtype::bf16 : fa::parse_dtype(f.dtype);
+  if (f.fp8_scale != "block" && f.fp8_scale != "tensor")
+    throw fa::UsageError("--fp8-scale must be block or tensor (got '" + f.fp8_scale + "')");
+  if (!fp8 && (f.hadamard || f.fp8_scale != "block"))
+    throw fa::UsageError("--fp8-scale and --hadamard go with --dtype fp8");
   if (f.kernel == "none" && !f.backward)
     throw fa::UsageError("--kernel none runs no forward step: it is meant for --backward alone");
-  if (f.kernel != "none") fa::select_steps(wsq::forward_steps(), f.kernel);
+  std::vector<wsq::Fp8Step> fp8_steps;
+  if (fp8) {
+    if (f.backward || !f.block_mask.empty())
+      throw fa::UsageError("--dtype fp8 is a forward step: no --backward, no --block-mask");
+    fp8_steps = wsq::select_fp8_steps(f.kernel);  // no sm_90 GPU, or a step without an fp8 form: exit 2 here
+  } else if (f.kernel != "none") {
+    wsq::check_not_fp8_steps(f.kernel);
+    fa::select_steps(wsq::forward_steps(), f.kernel);
+  }
   fa::select_steps(wsq::backward_steps(), f.bwd_kernel, "--bwd-kernel");
 
   // 2. The problem, this chapter's limits, the inputs rounded to the dtype (bad input: exit 2).
@@ -208,7 +280,11 @@ int main(int argc, char** argv) try {
   fa::HostTensors in = fa::load_inputs(opts, p, f.backward);
   fa::round_inputs(t, in);  // once: every kernel and reference reads these values; beyond fp16's range: exit 2
   std::printf("problem: %s (%s)\n", fa::describe(p).c_str(), f.backward ? "forward + backward" : "forward");
-  std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
+  if (fp8)
+    std::printf("dtype:   fp8 e4m3 (inputs rounded to bf16 on load, quantised on the GPU with %s scales%s; O in bf16, "
+                "LSE in fp32)\n", f.fp8_scale.c_str(), f.hadamard ? " after the Hadamard rotation of Q and K" : "");
+  else
+    std::printf("dtype:   %s (inputs rounded on load; O in %s, LSE in fp32)\n", fa::dtype_name(t), fa::dtype_name(t));
   if (!f.block_mask.empty())
     std::printf("mask:    %s, %d x %d blocks of %d queries x %d keys, density %.3f\n", f.block_mask.c_str(), mask.Tr,
                 mask.Tc, fa::kMaskRows, fa::kMaskCols, mask.density());
@@ -218,6 +294,7 @@ int main(int argc, char** argv) try {
   fa::require_device_memory(device_bytes(p, f.backward), "inputs and outputs of chapters 05 and 04");
 
   // 4-6. Run, check, time and print the forward steps, then the backward steps (bwd_program.cuh).
+  if (fp8) return fa::verdict(run_fp8(opts, f, p, in, fp8_steps));
   const fa::BlockMask* m = f.block_mask.empty() ? nullptr : &mask;
   bool ok = t == fa::Dtype::fp16 ? run<fa::half_t>(opts, f, t, p, in, m) : run<fa::bfloat16_t>(opts, f, t, p, in, m);
   if (f.backward) {

@@ -66,9 +66,13 @@ python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && have_
 # The registry's sm_90a steps, as the program lists them (--list-steps: name, dtypes, arch, idea).
 HOPPER_STEPS=""
 if [[ ",$CHAPTERS," == *",05fwd,"* ]]; then
-  for s in $("$B/05_warp_split_q/warp_split_q" --list-steps 2>/dev/null | awk -F'\t' '$3 == "sm_90a" { print $1 }'); do
+  for s in $("$B/05_warp_split_q/warp_split_q" --list-steps 2>/dev/null | awk -F'\t' '$3 == "sm_90a" && $2 != "fp8" { print $1 }'); do
     HOPPER_STEPS+=",$s"
   done
+fi
+FP8_STEPS=""
+if [[ ",$CHAPTERS," == *",05fwd,"* ]]; then
+  FP8_STEPS=$("$B/05_warp_split_q/warp_split_q" --list-steps 2>/dev/null | awk -F'\t' '$2 == "fp8" { print $1 }')
 fi
 steps=()
 # add CHAPTER COMMAND: queue COMMAND if CHAPTER was chosen (--chapters); "torch" steps need PyTorch with CUDA
@@ -147,6 +151,10 @@ for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
       add 05fwd "$B/05_warp_split_q/warp_split_q --kernel v8_two_row_tiles$HOPPER_STEPS --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --no-previous --iters 10 --warmup 2"
+      # step 11 (FP8), on a GPU that lists it: the same shapes in e4m3, block scales (05's README, section 7)
+      if [ -n "$FP8_STEPS" ]; then
+        add 05fwd "$B/05_warp_split_q/warp_split_q --dtype fp8 --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n$c --no-previous --iters 10 --warmup 2"
+      fi
     done
     for backend in flash cudnn; do
       add 05fwd "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --iters 10 --warmup 2"

@@ -43,6 +43,7 @@
 
 #include "frag.hpp"
 #include "hopper/sm90_layout.hpp"
+#include "hopper/fp8.hpp"
 #include "dtype.hpp"
 #include "emu_common.hpp"
 #include "problem.hpp"
@@ -429,3 +430,90 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
 
 }  // namespace sm90
 }  // namespace wsq
+
+// ---- step 11 (FP8): e4m3 wgmma (k = 32, both shared-memory operands K-major, A also from registers: 4 e4m3 per
+// register) and the launch with the scales. The e4m3 values are hopper/fp8.hpp's decoding of the bytes. ----
+namespace wsq::sm90 {
+namespace {
+
+inline float e4m3_at_k_major(uint64_t d, int row, int k) {  // byte k of row `row`: 32 bytes per k32 step
+  const uint32_t start = uint32_t(d & 0x3FFF) << 4, stride = uint32_t((d >> 32) & 0x3FFF) << 4;
+  return fp8::e4m3_value(smem_raw[swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k)]);
+}
+
+template <int N, class A, class B>
+inline std::vector<float> product_k32(const float* in, A a_at, B b_at) {
+  const int w = emu9::warp() % 4, g = emu9::lane() / 4, t = emu9::lane() % 4;
+  std::vector<float> d(N / 2);
+  for (int n = 0; n < N / 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
+      float acc = in ? in[4 * n + e] : 0.f;
+      for (int k = 0; k < 32; ++k) acc += a_at(row, k) * b_at(k, col);
+      d[4 * n + e] = acc;
+    }
+  return d;
+}
+
+inline void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
+  issue(d, 64, accumulate_d != 0, [=](const float* in) {
+    return product_k32<128>(
+        in, [&](int row, int k) { return e4m3_at_k_major(desc_a, row, k); },
+        [&](int k, int col) { return e4m3_at_k_major(desc_b, col, k); });
+  });
+}
+
+// A from registers: register x of lane (g, t) holds row g + 8 (x % 2), k = 16 (x / 2) + 4t + i in byte i.
+template <int N>
+inline void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  for (int x = 0; x < 4; ++x) emu9::slots[threadIdx.x][x] = a[x];
+  emu9::warp_sync();
+  std::array<std::array<float, 32>, 16> A;  // rows 16 w .. 16 w + 15 of A, as seen by this warp
+  const int base = emu9::warp() * 32;
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int x = 0; x < 4; ++x)
+      for (int i = 0; i < 4; ++i)
+        A[g + 8 * (x % 2)][16 * (x / 2) + 4 * t + i] = fp8::e4m3_value(uint8_t(emu9::slots[base + l][x] >> (8 * i)));
+  }
+  emu9::warp_sync();
+  issue(d, N / 2, true, [=](const float* in) {
+    return product_k32<N>(
+        in, [&](int row, int k) { return A[row % 16][k]; },
+        [&](int k, int col) { return e4m3_at_k_major(desc_b, col, k); });
+  });
+}
+
+}  // namespace
+
+template <class Tc>
+using TmaFp8Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, fp8::Scales, Tc*, float*);
+template <class Tc>
+void launch_tma_fp8(TmaFp8Kernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
+                    const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, const fp8::Scales& scales, Tc* o,
+                    float* lse) {
+  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
+  static TmaFp8Kernel<Tc> kk;
+  static CUtensorMap mq, mk, mv;
+  static const fa::Problem* pp;
+  static fp8::Scales ss;
+  static Tc* oo;
+  static float* ll;
+  kk = kernel, mq = q, mk = k, mv = v, pp = &p, ss = scales, oo = o, ll = lse;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::memset(smem_raw, 0xA5, sizeof(smem_raw));
+        emu9::mbars.clear();
+        emu9::in_flight.clear();
+        emu9::block_barrier = {};
+        for (emu9::Barrier& b : emu9::named) b = {};
+        emu9::warp_barriers.assign(threads / 32, {});
+        emu9::slots.assign(threads, {});
+        wgmmas.assign(threads, {});
+        emu9::body = [] { kk(mq, mk, mv, *pp, ss, oo, ll); };
+        emu9::run_block(threads, dim3(bx, by, bz));
+      }
+}
+
+}  // namespace wsq::sm90

@@ -2,6 +2,7 @@
 #pragma once
 #include "dtype.hpp"
 #include "problem.hpp"
+#include "hopper/fp8.hpp"
 
 namespace wsq {
 #define WSQ_DECLARE(fn) \
@@ -19,6 +20,9 @@ WSQ_DECLARE(forward_v8_two_row_tiles)
 WSQ_DECLARE(forward_v9_wgmma_tma)  // steps 9 and 10: sm_90a only (built when WSQ_HOPPER is defined)
 WSQ_DECLARE(forward_v10_pingpong)
 #undef WSQ_DECLARE
+
+// ---- step 11 (FP8, sm_90a only): reads the quantisation pass's e4m3 tensors (hopper/fp8.hpp), writes O in bf16 ----
+void forward_v11_fp8(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

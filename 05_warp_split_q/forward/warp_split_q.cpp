@@ -1,7 +1,9 @@
 // The ladder's registry and the chapter's limits.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "steps.hpp"
 #include "warp_split_q.cuh"
@@ -102,6 +104,64 @@ void check_supported(const fa::Problem& p) {
   constexpr int kMaxGridYZ = 65535;  // heads -> gridDim.y, batch -> gridDim.z
   if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ)
     throw fa::UsageError("heads and batch must be <= 65535 (the grid's y and z limits)");
+}
+
+// ---- step 11 (FP8) ----
+static constexpr const char* kFp8StepName = "v11_fp8";
+
+const std::vector<Fp8Step>& fp8_steps() {
+  static const std::vector<Fp8Step> steps = [] {
+    std::vector<Fp8Step> all;
+#if WSQ_HOPPER
+    int major = 0, minor = 0;
+    gpu_capability(major, minor);
+    if (fa::arch_runs(fa::Arch::sm90a, major, minor))
+      all.push_back({kFp8StepName, "FP8: e4m3 wgmma (k32) with block scales, Vt from the quantisation pass, P in e4m3",
+                     forward_v11_fp8, "fp8", fa::Arch::sm90a});
+#endif
+    return all;
+  }();
+  return steps;
+}
+
+namespace {
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> names;
+  for (size_t a = 0; a <= list.size();) {
+    const size_t b = std::min(list.find(',', a), list.size());
+    names.push_back(list.substr(a, b - a));
+    a = b + 1;
+  }
+  return names;
+}
+}  // namespace
+
+std::vector<Fp8Step> select_fp8_steps(const std::string& kernel) {
+  const std::vector<Fp8Step>& steps = fp8_steps();
+  if (steps.empty()) {
+    int major = 0, minor = 0;
+    gpu_capability(major, minor);
+    const std::string gpu = major == 0 ? "no CUDA GPU here" : "this GPU is sm_" + std::to_string(10 * major + minor);
+    throw fa::UsageError(std::string("--dtype fp8 runs step ") + kFp8StepName +
+                         " (e4m3 wgmma), which needs an sm_90 GPU (H100, H200) and a build with the Hopper steps "
+                         "(FA_HOPPER): " + (hopper_steps_built() ? gpu : "this build has no Hopper steps"));
+  }
+  if (kernel == "all") return steps;
+  std::vector<Fp8Step> chosen;
+  for (const std::string& name : split_names(kernel)) {
+    bool found = false;
+    for (const Fp8Step& s : steps)
+      if (name == s.name) chosen.push_back(s), found = true;
+    if (!found)
+      throw fa::UsageError("--dtype fp8: step '" + name + "' has no fp8 form; the fp8 steps: " + kFp8StepName);
+  }
+  return chosen;
+}
+
+void check_not_fp8_steps(const std::string& kernel) {
+  for (const std::string& name : split_names(kernel))
+    if (name == kFp8StepName)
+      throw fa::UsageError(std::string(kFp8StepName) + " takes --dtype fp8 only (e4m3 inputs; README section 7)");
 }
 
 }  // namespace wsq

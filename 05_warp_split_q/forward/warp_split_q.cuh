@@ -12,6 +12,7 @@
 #include "dtype.hpp"
 #include "problem.hpp"
 #include "step.hpp"
+#include "hopper/fp8.hpp"
 
 namespace wsq {
 
@@ -39,5 +40,16 @@ void check_supported(const fa::Problem& p);
 template <class T>
 void forward_block_sparse(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse,
                           const uint8_t* block_mask);
+
+// ---- step 11 (FP8, README section 7): its own list, as its host function takes the quantised tensors ----
+using Fp8ForwardFn = void (*)(const fa::Problem&, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+using Fp8Step = fa::Step<Fp8ForwardFn>;  // dtypes "fp8", arch sm_90a
+// Step 11 on an sm_90 GPU of a build with FA_HOPPER; empty elsewhere.
+const std::vector<Fp8Step>& fp8_steps();
+// The steps --kernel names for a --dtype fp8 run ("all": every fp8 step). fa::UsageError with the reason where
+// there is none (no sm_90 GPU, a build without the Hopper steps) or a named step has no fp8 form.
+std::vector<Fp8Step> select_fp8_steps(const std::string& kernel);
+// A --kernel list for fp16/bf16 that names an fp8 step: fa::UsageError (it takes --dtype fp8 only).
+void check_not_fp8_steps(const std::string& kernel);
 
 }  // namespace wsq

@@ -17,6 +17,7 @@
 #include "lowp.cuh"
 #include "problem.hpp"
 #include "sm90_layout.hpp"
+#include "fp8.hpp"
 
 namespace wsq::sm90 {
 
@@ -59,6 +60,19 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
                 const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
   fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this Hopper step");
   kernel<<<grid, threads, smem_bytes>>>(q, k, v, p, o, lse);
+  CHECK_LAUNCH();
+}
+
+// ---- step 11 (FP8): the same launch with the scales of the quantised tensors (hopper/fp8.hpp) as one more
+// argument. ----
+template <class Tc>
+using TmaFp8Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, fp8::Scales, Tc*, float*);
+template <class Tc>
+void launch_tma_fp8(TmaFp8Kernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
+                    const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, const fp8::Scales& scales, Tc* o,
+                    float* lse) {
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "the FP8 step");
+  kernel<<<grid, threads, smem_bytes>>>(q, k, v, p, scales, o, lse);
   CHECK_LAUNCH();
 }
 

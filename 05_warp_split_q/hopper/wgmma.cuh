@@ -178,5 +178,36 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   }
 }
 
+// ---- step 11 (FP8): wgmma with e4m3 operands, k = 32 per instruction. 8-bit wgmma takes no transpose flags: both
+// shared-memory operands are K-major (Q, K, and V transposed). A K-major row of 32 e4m3 is 32 bytes, as a row of 16
+// 16-bit values is: the descriptors and k_major_step are step 10's. A in registers: 4 x 4 e4m3 per thread, register
+// x of lane (g, t) = row g + 8 (x % 2), k = 16 (x / 2) + 4t .. + 3 (lowest byte first). ----
+// D (64 x 128, fp32) (+)= A (64 x 32, K-major in shared memory) * B (32 x 128, K-major): one k32 step of S = Q K^T.
+__device__ __forceinline__ void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WSQ_D64_REGS ", %64, %65, acc, 1, 1;\n}\n"
+      : WSQ_D64_OPERANDS
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+// D (64 x N, fp32) += A (64 x 32 e4m3 in registers: P8) * B (32 x N, K-major in shared memory: Vt8): one k32 step
+// of O~ += P V, N = head_dim.
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(N == 64 || N == 128, "head_dim 64 or 128");
+  if constexpr (N == 128)
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WSQ_D64_REGS
+                 ", {%64, %65, %66, %67}, %68, acc, 1, 1;\n}\n"
+                 : WSQ_D64_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  else
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WSQ_D32_REGS
+                 ", {%32, %33, %34, %35}, %36, acc, 1, 1;\n}\n"
+                 : WSQ_D32_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 }  // namespace wsq::sm90
 #endif  // WSQ_WGMMA_CUH

@@ -1,0 +1,65 @@
+// Step 11 itself (forward/v11_fp8.cu), run on the CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
+// model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
+// rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
+// the floors. Ragged lengths, several K/V tiles, causal with rows that see no key, GQA, large logits, outliers,
+// per-block and per-tensor scales, with and without the Hadamard rotation.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+
+#include "forward/steps.hpp"
+#include "hopper/fp8_model.hpp"
+
+using namespace wsq::fp8;
+
+namespace {
+
+fa::Problem make(int H, int Hkv, int nq, int nk, int d, bool causal) {
+  fa::Problem p;
+  p.batch = 1, p.heads = H, p.kv_heads = Hkv, p.q_len = nq, p.kv_len = nk, p.head_dim = d, p.causal = causal;
+  return p;
+}
+
+// qk_stddev scales Q and K (large logits); outliers: the fraction of entries drawn 10x larger.
+void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0) {
+  INFO(p.heads, "/", p.kv_heads, " heads ", p.q_len, "x", p.kv_len, " d=", p.head_dim, " causal=", p.causal,
+       " scales ", (o.scaling == Scaling::block ? "block" : "tensor"), " hadamard=", o.hadamard, " Q/K stddev ",
+       qk_stddev, " outliers ", outliers);
+  auto q = lab_inputs(p.q_elems(), 1 + p.q_len, outliers), k = lab_inputs(p.kv_elems(), 2 + p.kv_len, outliers),
+       v = lab_inputs(p.kv_elems(), 3, outliers);
+  for (float& x : q) x = fa::to_float(fa::from_float<fa::bfloat16_t>(float(x * qk_stddev)));
+  for (float& x : k) x = fa::to_float(fa::from_float<fa::bfloat16_t>(float(x * qk_stddev)));
+  const Quantised z = quantise(p, o, q.data(), k.data(), v.data());
+  std::vector<fa::bfloat16_t> out(p.q_elems());
+  std::vector<float> lse(p.lse_elems());
+  std::memset(out.data(), 0xFF, out.size() * sizeof(fa::bfloat16_t));  // NaN poison, as on the GPU
+  std::memset(lse.data(), 0xFF, lse.size() * sizeof(float));
+  wsq::forward_v11_fp8(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(),
+                       lse.data());
+  std::vector<float> o_f(out.size());
+  for (size_t x = 0; x < out.size(); ++x) o_f[x] = fa::to_float(out[x]);
+  const Reference r = reference(p, o, q, k, v, 1e30);
+  const wsq::LowpCheck c = check_forward(p, r, o_f, lse);
+  CHECK_MESSAGE(c.ok(), c.summary());
+}
+
+}  // namespace
+
+TEST_CASE("emulated FP8 step: ragged lengths, several K/V tiles, causal on/off, d = 64 and 128") {
+  for (bool causal : {false, true}) {
+    check_v11(make(1, 1, 1, 1, 64, causal), {});
+    check_v11(make(2, 1, 97, 300, 64, causal), {});   // 3 K/V tiles (3 V scales): both buffers, one reused
+    check_v11(make(1, 1, 300, 203, 128, causal), {});  // 3 Q blocks; causal: rows that see no key
+  }
+}
+
+TEST_CASE("emulated FP8 step: GQA, large logits, outliers, per-tensor scales, the Hadamard rotation") {
+  Options tensor, rotated, both;
+  tensor.scaling = Scaling::tensor, rotated.hadamard = true, both.scaling = Scaling::tensor, both.hadamard = true;
+  check_v11(make(4, 2, 65, 129, 64, true), rotated);
+  check_v11(make(1, 1, 130, 257, 128, false), {}, 8.0);       // logits of ~100s
+  check_v11(make(1, 1, 130, 257, 128, false), tensor, 1.0, 0.01);
+  check_v11(make(2, 1, 100, 226, 128, true), both, 1.0, 0.01);  // Bc - 2 past the diagonal in every K/V tile
+}
