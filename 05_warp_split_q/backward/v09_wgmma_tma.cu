@@ -9,8 +9,9 @@
 //       dV_j += P^T dO_i, dK_j += dS^T Q_i   A = P^T, dS^T from registers (the C layout of S^T, dP^T = the A layout,
 //                                            as P in the forward); B = dO_i, Q_i from shared memory, MN-major
 //       dQ_i = dS K_j                        A = dS read from dS^T in shared memory (MN-major: "transposed"), B = K_j
-//                                            (MN-major); warpgroup w makes dQ columns 64w .. 64w + 63 (at d = 64
-//                                            warpgroup 0 alone), then adds them to global memory with fp32 atomics.
+//                                            (MN-major); at d = 128 warpgroup w makes dQ columns 64w .. 64w + 63, at
+//                                            d = 64 its own 64 keys' share of all 64 columns; each warpgroup adds its
+//                                            part to global memory with fp32 atomics, after dK, dV have landed.
 //   Why transposed (S^T, not S): wgmma takes A from registers only on its M side, and dV_j, dK_j have keys as M, so
 //   P^T and dS^T must be C fragments with keys as rows, which computing S^T = K_j Q_i^T gives directly (step 2's
 //   trick, the same as mma.sync's). dS (queries as rows) for dQ is then the one product that must go through shared
@@ -22,15 +23,15 @@
 //   line 5     MMA: wait full[s]; S^T, dP^T                              (wgmma m64n64k16, both from shared memory)
 //   line 6     P^T = 2^(tau log2(e) S^T - L_i), dS^T = P^T o (dP^T - D_i)  (masked only in tiles that need it)
 //   line 7-8   dV_j += P^T dO_i, dK_j += dS^T Q_i                        (wgmma m64n{d}k16, A from registers)
-//   line 9     dS^T -> shared memory; dQ_i += tau dS K_j                 (wgmma m64n64k16, fp32 atomics); arrive empty[s]
+//   line 9     dS^T -> shared memory; arrive empty[s]; dQ_i += tau dS K_j  (wgmma m64n64k16, then fp32 atomics)
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Thread mapping: 384 threads = MMA warpgroups 0, 1 (warps 0-7; in each, warp k holds keys 16k .. 16k + 15 of the
 // warpgroup's 64, lane (g, t) rows g and g + 8 as in mma.sync's C fragment) and warpgroup 2, whose warp 8 is the
 // producer (the other three warps exit). setmaxnreg moves registers from warpgroup 2 (40 each) to the MMA warpgroups
 // (232 each), which hold dK_j, dV_j (d/2 floats each), S^T, dP^T (32 each) and dQ's 32.
 // Shared memory, 16-bit tiles as TMA writes them (64-column panels, 128-byte swizzle): K_j, V_j 128 x d; kStages = 2
-// buffers of Q_i, dO_i 64 x d; dS^T 128 x 64; L_i, D_i 2 x 2 x 64 fp32; 5 mbarriers:
-// 2 x 16 + 4 x 8 + 16 = 80 KiB (d = 64), 2 x 32 + 4 x 16 + 16 = 144 KiB (d = 128), + 1 KiB alignment slack.
+// buffers of Q_i, dO_i 64 x d; dS^T 128 x 64: 2 x 16 + 4 x 8 + 16 = 80 KiB (d = 64), 2 x 32 + 4 x 16 + 16 = 144 KiB
+// (d = 128); + 1 KiB (L_i, D_i: 2 x 2 x 64 fp32; 5 mbarriers) + 1 KiB alignment slack.
 #include "backward/bwd_steps.hpp"
 #include "forward/tc.cuh"
 #include "hopper/bwd_sm90.cuh"
@@ -120,7 +121,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kMma) {  // warpgroup 2: warp 8 is the producer
     setmaxnreg_dec<kProducerRegs>();
-    if (warp % 4 != 0 || n_tiles == 0) return;  // no tile: no copy may still be landing when the block exits
+    // A block without a tile (impossible with the bottom-right mask: the last query sees every key) loads nothing:
+    // no copy may still be landing when the block exits.
+    if (warp % 4 != 0 || n_tiles == 0) return;
     const int plane_kv = b * p.kv_heads + hk;
     if (lane == 0) {  // line 1
       mbar_arrive_expect_tx(full_kv, 2 * L::kv_bytes);
@@ -177,7 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
-      wgmma_ss_n64<T>(st, desc_k_major(Ks_wg + k_major_step(kk, Bc)), desc_k_major(Qs_i + k_major_step(kk, Br)), kk > 0);
+      wgmma_ss_n64<T>(st, desc_k_major(Ks_wg + k_major_step(kk, Bc)), desc_k_major(Qs_i + k_major_step(kk, Br)),
+                      kk > 0);
     #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       wgmma_ss_n64<T>(dpt, desc_k_major(Vs_wg + k_major_step(kk, Bc)), desc_k_major(dOs_i + k_major_step(kk, Br)),
@@ -213,7 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kTilesQ; ++n)
         #pragma unroll
         for (int e = 0; e < 4; e += 2)
-          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(dSt) + tile_byte(kr + 8 * (e / 2), 8 * n + 2 * t, Bc)) =
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(dSt) +
+                                       tile_byte(kr + 8 * (e / 2), 8 * n + 2 * t, Bc)) =
               pack2<T>(dpt[4 * n + e], dpt[4 * n + e + 1]);
       fence_view_async_shared();  // these stores, before the wgmma (async proxy) reads them
       named_bar_sync(kBarDsReady, kMmaThreads);

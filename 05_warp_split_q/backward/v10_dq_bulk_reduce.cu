@@ -3,12 +3,15 @@
 // a round trip to L2 that the MMA warps issue themselves. Here the MMA warpgroups only store dQ's share (times tau)
 // into an fp32 tile in shared memory and go on with the next Q block; a dedicated writer warp (warp 9, in the
 // producer's warpgroup) hands the tile's rows to the copy engine with cp.reduce.async.bulk .add.f32 - 128 bulk
-// reduce-adds of 256 bytes per tile, each an atomic add of a whole row segment done by the memory system (FlashAttention-3,
-// its Algorithm 3's "dQ_i -> dQaccum by TMA reduce-add"). The tile is handed over with two named barriers:
+// reduce-adds of 256 bytes per tile, each an atomic add of a whole row segment done by the memory system
+// (FlashAttention-3, Algorithm 3: dQ_i goes to an fp32 accumulator by a TMA reduce-add). The tile is handed over with
+// two named barriers:
 //   dq_full: the MMA warpgroups' stores (and their proxy fence) are done    -> the writer issues the reduce-adds
 //   dq_free: the writer's bulk group has READ the tile (wait_group.read 0)  -> the MMA warpgroups may rewrite it
 // The additions to global memory finish later, in any order with other blocks' (dQ is not bit-reproducible, as with
 // atomics; the deterministic mode is the dQ kernel's, as for every step). Everything else is step 9's.
+// Measured on an H100 (BACKWARD.md section 11) this step is slower than step 9: one warp issuing 128 small bulk copies
+// per tile, and waiting for them to be read, is a narrower path than 256 threads' atomics. The lesson is the protocol.
 //
 // BACKWARD.md, Algorithm B, with the block's lines:
 //   line 1   producer: TMA K_j, V_j once (full_kv); dK_j = dV_j = 0   (MMA registers)
@@ -23,7 +26,7 @@
 // Thread mapping: step 9's, and warp 9 of warpgroup 2 is the dQ writer (warps 10, 11 exit).
 // Shared memory: step 9's plus the dQ tile, one 64 x 64 fp32 region per MMA warpgroup, rows padded to 72 floats (bank
 // conflicts of the fragment stores; a row stays 16-byte aligned for the bulk copy): 2 x 18 = 36 KiB, so 116 KiB
-// (d = 64), 180 KiB (d = 128), + 1 KiB alignment slack.
+// (d = 64), 180 KiB (d = 128), + 1 KiB (L_i, D_i, mbarriers) + 1 KiB alignment slack.
 #include "backward/bwd_steps.hpp"
 #include "forward/tc.cuh"
 #include "hopper/bwd_sm90.cuh"
@@ -118,7 +121,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kMma) {  // warpgroup 2: warp 8 is the producer, warp 9 the dQ writer
     setmaxnreg_dec<kProducerRegs>();
-    if (warp % 4 > 1 || n_tiles == 0) return;  // no tile: no copy may still be landing when the block exits
+    // A block without a tile (impossible with the bottom-right mask: the last query sees every key) loads nothing:
+    // no copy may still be landing when the block exits.
+    if (warp % 4 > 1 || n_tiles == 0) return;
     if (warp % 4 == 1) {  // the writer (line 9): lane l adds rows l, l + 32 of each warpgroup's region
       if constexpr (kDq) {
         named_bar_arrive(kBarDqFree, kDqHandover);  // the tile is free for tile 0
@@ -193,7 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
-      wgmma_ss_n64<T>(st, desc_k_major(Ks_wg + k_major_step(kk, Bc)), desc_k_major(Qs_i + k_major_step(kk, Br)), kk > 0);
+      wgmma_ss_n64<T>(st, desc_k_major(Ks_wg + k_major_step(kk, Bc)), desc_k_major(Qs_i + k_major_step(kk, Br)),
+                      kk > 0);
     #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       wgmma_ss_n64<T>(dpt, desc_k_major(Vs_wg + k_major_step(kk, Bc)), desc_k_major(dOs_i + k_major_step(kk, Br)),
@@ -229,7 +235,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kTilesQ; ++n)
         #pragma unroll
         for (int e = 0; e < 4; e += 2)
-          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(dSt) + tile_byte(kr + 8 * (e / 2), 8 * n + 2 * t, Bc)) =
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(dSt) +
+                                       tile_byte(kr + 8 * (e / 2), 8 * n + 2 * t, Bc)) =
               pack2<T>(dpt[4 * n + e], dpt[4 * n + e + 1]);
       fence_view_async_shared();  // these stores, before the wgmma (async proxy) reads them
       named_bar_sync(kBarDsReady, kMmaThreads);
@@ -311,8 +318,8 @@ void run(const fa::Problem& p, const T* q, const T* k, const T* v, const float* 
 }  // namespace
 
 template <class T>
-void backward_v10_dq_bulk_reduce(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,
-                           const float* Dv, float* dq, float* dk, float* dv, bool with_dq) {
+void backward_v10_dq_bulk_reduce(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse,
+                                 const T* dout, const float* Dv, float* dq, float* dk, float* dv, bool with_dq) {
   if (p.head_dim == 64) run<T, 64>(p, q, k, v, lse, dout, Dv, dq, dk, dv, with_dq);
   else run<T, 128>(p, q, k, v, lse, dout, Dv, dq, dk, dv, with_dq);
 }

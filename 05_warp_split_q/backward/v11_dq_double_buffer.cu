@@ -3,8 +3,9 @@
 // warpgroups have stored it (dq_full): the hand-over is a rendezvous, and whichever side comes first waits. With two
 // tiles, used in turn, tile i is stored while the copy engine still reads tile i - 1: the MMA warpgroups wait only if
 // the writer is a whole tile behind, and the writer waits for its bulk groups with wait_group.read 1 (all but the
-// newest have read their tile) instead of 0. The cost is 36 KiB of shared memory, which d = 128 still has (217 of 227
-// KiB). Everything else is step 10's.
+// newest have read their tile) instead of 0. The cost is 36 KiB of shared memory, which d = 128 still has (218 of 227
+// KiB). Everything else is step 10's. Measured on an H100 (BACKWARD.md section 11) it is no faster than step 10: the
+// writer warp, not the rendezvous, is what holds dQ back.
 //
 // BACKWARD.md, Algorithm B, with the block's lines:
 //   line 1   producer: TMA K_j, V_j once (full_kv); dK_j = dV_j = 0   (MMA registers)
@@ -19,7 +20,7 @@
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Thread mapping: step 10's (warp 8 the producer, warp 9 the dQ writer).
 // Shared memory: step 9's plus two dQ tiles, each one 64 x 72 fp32 region per MMA warpgroup (step 10): 2 x 36 KiB,
-// so 152 KiB (d = 64), 216 KiB (d = 128), + 1 KiB alignment slack.
+// so 152 KiB (d = 64), 216 KiB (d = 128), + 1 KiB (L_i, D_i, mbarriers) + 1 KiB alignment slack.
 #include "backward/bwd_steps.hpp"
 #include "forward/tc.cuh"
 #include "hopper/bwd_sm90.cuh"
@@ -115,7 +116,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kMma) {  // warpgroup 2: warp 8 is the producer, warp 9 the dQ writer
     setmaxnreg_dec<kProducerRegs>();
-    if (warp % 4 > 1 || n_tiles == 0) return;  // no tile: no copy may still be landing when the block exits
+    // A block without a tile (impossible with the bottom-right mask: the last query sees every key) loads nothing:
+    // no copy may still be landing when the block exits.
+    if (warp % 4 > 1 || n_tiles == 0) return;
     if (warp % 4 == 1) {  // the writer (line 9): lane l adds rows l, l + 32 of each warpgroup's region
       if constexpr (kDq) {
         for (int x = 0; x < kDqTiles && x < n_tiles; ++x) named_bar_arrive(kBarDqFree + x, kDqHandover);  // both free
@@ -190,7 +193,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
-      wgmma_ss_n64<T>(st, desc_k_major(Ks_wg + k_major_step(kk, Bc)), desc_k_major(Qs_i + k_major_step(kk, Br)), kk > 0);
+      wgmma_ss_n64<T>(st, desc_k_major(Ks_wg + k_major_step(kk, Bc)), desc_k_major(Qs_i + k_major_step(kk, Br)),
+                      kk > 0);
     #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       wgmma_ss_n64<T>(dpt, desc_k_major(Vs_wg + k_major_step(kk, Bc)), desc_k_major(dOs_i + k_major_step(kk, Br)),
@@ -226,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kTilesQ; ++n)
         #pragma unroll
         for (int e = 0; e < 4; e += 2)
-          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(dSt) + tile_byte(kr + 8 * (e / 2), 8 * n + 2 * t, Bc)) =
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(dSt) +
+                                       tile_byte(kr + 8 * (e / 2), 8 * n + 2 * t, Bc)) =
               pack2<T>(dpt[4 * n + e], dpt[4 * n + e + 1]);
       fence_view_async_shared();  // these stores, before the wgmma (async proxy) reads them
       named_bar_sync(kBarDsReady, kMmaThreads);
@@ -309,8 +314,8 @@ void run(const fa::Problem& p, const T* q, const T* k, const T* v, const float* 
 }  // namespace
 
 template <class T>
-void backward_v11_dq_double_buffer(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,
-                           const float* Dv, float* dq, float* dk, float* dv, bool with_dq) {
+void backward_v11_dq_double_buffer(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse,
+                                   const T* dout, const float* Dv, float* dq, float* dk, float* dv, bool with_dq) {
   if (p.head_dim == 64) run<T, 64>(p, q, k, v, lse, dout, Dv, dq, dk, dv, with_dq);
   else run<T, 128>(p, q, k, v, lse, dout, Dv, dq, dk, dv, with_dq);
 }

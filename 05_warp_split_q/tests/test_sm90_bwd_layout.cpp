@@ -3,8 +3,10 @@
 // read exactly the tile elements the product needs, from tiles as TMA writes them (128-byte swizzle, 64-column
 // panels) or as the kernels store dS^T. The reads follow the PTX ISA's canonical layouts, as test_sm90_layout.cpp
 // does for the forward:
-//   K-major,  128-byte swizzle: element (row, k) at swizzle(start + (row % 8) 128 + (row / 8) SBO + 2k)
-//   MN-major, 128-byte swizzle: element (k, n)   at swizzle(start + 2 (n % 64) + (n / 64) LBO + (k % 8) 128 + (k / 8) SBO)
+//   K-major,  128-byte swizzle: element (row, k) at
+//             swizzle(start + (row % 8) 128 + (row / 8) SBO + 2k)
+//   MN-major, 128-byte swizzle: element (k, n) at
+//             swizzle(start + 2 (n % 64) + (n / 64) LBO + (k % 8) 128 + (k / 8) SBO)
 // and the swizzle applied to the byte address (bits 4-6 XOR bits 7-9).
 #include <doctest/doctest.h>
 
@@ -60,7 +62,8 @@ TEST_CASE("dQ_i = dS K_j: A = dS read from dS^T [key][query], B = K_j [key][d] p
       const int panel = w % panels, key0 = panels == 2 ? 0 : 64 * w;
       for (int kk = 0; kk < keys / 16; ++kk) {
         const uint64_t a = mn_major_desc(kBase + (key0 + 16 * kk) * kRowBytes, panel_bytes(Bc));
-        const uint64_t b = mn_major_desc(kBase + panel * panel_bytes(Bc) + (key0 + 16 * kk) * kRowBytes, panel_bytes(Bc));
+        const uint64_t b =
+            mn_major_desc(kBase + panel * panel_bytes(Bc) + (key0 + 16 * kk) * kRowBytes, panel_bytes(Bc));
         for (int k = 0; k < 16; ++k)
           for (int x = 0; x < 64; ++x) {
             // A's element (query x, key k) is dS^T's (key, query x); B's (key k, column x) is K_j's (key, 64 p + x)
