@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Figures for chapter 04 (FlashAttention-2), written to 04_fa2/figures/.
 
-    python3 04_fa2/figures.py
+    python3 04_fa2/figures/figures.py
 
   loop_order.png     FA1 (chapter 02) vs FA2 (chapter 04): which loop is outer, what a thread block
                      owns, and what makes a round trip through HBM.
@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.patches as patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
+OUT = os.path.dirname(os.path.abspath(__file__))
 
 
 def loop_order(path):
