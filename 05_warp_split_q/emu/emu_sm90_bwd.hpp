@@ -74,7 +74,7 @@ inline void bulk_commit() {
 // at issue) and adds it to global memory.
 template <int N>
 inline void bulk_retire() {
-  emu9::yield();  // the copies take time: every other thread runs meanwhile
+  emu9::yield();  // the copies take time: other threads may run meanwhile (round robin: every other one does)
   BulkGroups& b = bulk[emu9::current];
   while (b.committed.size() > size_t(N)) {
     for (const BulkCopy& c : b.committed.front()) {
