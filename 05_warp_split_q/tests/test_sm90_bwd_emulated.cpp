@@ -43,8 +43,8 @@ void check_steps(const Case& c, bool with_dq) {
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
   for (const auto& [name, fn] : steps) {
     emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
-    INFO("step ", std::string(name), with_dq ? ", with dQ" : ", dK and dV only", ", ", emu9::schedule_name(schedule),
-         " schedule");
+    INFO("step ", std::string(name), std::string(with_dq ? ", with dQ" : ", dK and dV only"), ", ",
+         std::string(emu9::schedule_name(schedule)), " schedule");  // (a const char* would print as its address)
     std::vector<float> dq(p.q_elems(), 0.f), dk(p.kv_elems()), dv(p.kv_elems());
     std::memset(dk.data(), 0xFF, dk.size() * sizeof(float));  // NaN poison
     std::memset(dv.data(), 0xFF, dv.size() * sizeof(float));

@@ -43,7 +43,7 @@ void check_hopper_steps(Dtype t, const Problem& p, double qk_stddev) {
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
   for (const auto& [name, fn] : steps) {
     emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
-    INFO("step ", std::string(name), ", ", emu9::schedule_name(schedule), " schedule, ", std::string(dtype_name(t)), ", ", p.batch, "x", p.heads, "/", p.kv_heads, " ", p.q_len, "x",
+    INFO("step ", std::string(name), ", ", std::string(emu9::schedule_name(schedule)), " schedule, ", std::string(dtype_name(t)), ", ", p.batch, "x", p.heads, "/", p.kv_heads, " ", p.q_len, "x",
          p.kv_len, " d=", p.head_dim, " causal=", p.causal, " Q/K stddev ", qk_stddev);
     std::vector<T> o(p.q_elems());
     std::vector<float> lse(p.lse_elems());
