@@ -7,10 +7,12 @@
 
 namespace wsq {
 
-const std::vector<BackwardStep>& backward_steps() {
-  constexpr const char* kDtypes = "fp16,bf16";  // every step takes both (--dtype): both instantiations below
+namespace {
+constexpr const char* kDtypes = "fp16,bf16";  // every step takes both (--dtype): both instantiations below
+
+std::vector<BackwardStep> portable_steps() {
   constexpr fa::Arch sm80 = fa::Arch::sm80;
-  static const std::vector<BackwardStep> steps = {
+  return {
       {"bwd_v1_mma", "five GEMMs on tensor cores, ldmatrix(.trans) per operand; P^T, dS^T through shared memory",
        {backward_v1_mma<fa::half_t>, backward_v1_mma<fa::bfloat16_t>}, kDtypes, sm80},
       {"bwd_v2_regs", "P^T, dS^T stay in registers: C fragments reused as the A operands of dV and dK",
@@ -28,6 +30,63 @@ const std::vector<BackwardStep>& backward_steps() {
       {"bwd_v8_kv_frags", "d = 64: K_j, V_j's line-5 fragments loaded once per block, held in registers",
        {backward_v8_kv_frags<fa::half_t>, backward_v8_kv_frags<fa::bfloat16_t>}, kDtypes, sm80},
   };
+}
+
+#if WSQ_HOPPER
+template <class T>
+using HopperKv = void (*)(const fa::Problem&, const T*, const T*, const T*, const float*, const T*, const float*,
+                          float*, float*, float*, bool);
+
+// A Hopper step's K/V-block kernel in the driver every step has: D = rowsum(dO o O) (and dq zeroed in the atomic
+// mode), the K/V-block kernel (with dQ only in the atomic mode), then in the deterministic mode the dQ kernel.
+template <class T, HopperKv<T> kv>
+void hopper_step(const fa::Problem& p, const T* q, const T* k, const T* v, const T* o, const float* lse,
+                 const T* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace) {
+  check_supported(p);
+  float* Dv = static_cast<float*>(workspace);
+  bwd::prepare<T>(p, o, dout, Dv, dq, mode);
+  kv(p, q, k, v, lse, dout, Dv, dq, dk, dv, mode == DqMode::Atomic);
+  if (mode == DqMode::Deterministic) bwd::run_dq<T>(p, q, k, v, lse, dout, Dv, dq);
+}
+#define WSQ_HOPPER_BWD(fn) {hopper_step<fa::half_t, fn<fa::half_t>>, hopper_step<fa::bfloat16_t, fn<fa::bfloat16_t>>}
+
+// Whether the current GPU runs sm_90a code (compute capability 9.0 exactly); false without a GPU.
+bool gpu_runs_sm90a() {
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();  // no GPU: leave no error behind for the program's own check
+    return false;
+  }
+  return fa::arch_runs(fa::Arch::sm90a, prop.major, prop.minor);
+}
+#endif
+
+// Steps 9-11 (FA_HOPPER): sm_90a code, listed only on a GPU that runs it (H100, H200).
+std::vector<BackwardStep> hopper_steps() {
+#if WSQ_HOPPER
+  constexpr fa::Arch sm90a = fa::Arch::sm90a;
+  if (!gpu_runs_sm90a()) return {};
+  return {
+      {"bwd_v9_wgmma_tma", "Hopper: wgmma from shared memory and registers, TMA ring of Q_i/dO_i, a producer warp",
+       WSQ_HOPPER_BWD(backward_v9_wgmma_tma), kDtypes, sm90a},
+      {"bwd_v10_dq_bulk_reduce", "Hopper: dQ_i through an fp32 shared tile, added by a writer warp's bulk reduce-add",
+       WSQ_HOPPER_BWD(backward_v10_dq_bulk_reduce), kDtypes, sm90a},
+      {"bwd_v11_dq_double_buffer", "Hopper: two dQ tiles, so the MMA warpgroups never wait for the writer warp",
+       WSQ_HOPPER_BWD(backward_v11_dq_double_buffer), kDtypes, sm90a},
+  };
+#else
+  return {};
+#endif
+}
+}  // namespace
+
+const std::vector<BackwardStep>& backward_steps() {
+  static const std::vector<BackwardStep> steps = [] {
+    std::vector<BackwardStep> all = portable_steps();
+    for (const BackwardStep& s : hopper_steps()) all.push_back(s);
+    return all;
+  }();
   return steps;
 }
 
@@ -56,16 +115,21 @@ __global__ void __launch_bounds__(32 * kRowsumWarps)
 }  // namespace
 
 template <class T>
-void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>::type>& kv, const T* q, const T* k,
-                  const T* v, const T* o, const float* lse, const T* dout, float* dq, float* dk, float* dv, DqMode mode,
-                  void* workspace) {
+void prepare(const fa::Problem& p, const T* o, const T* dout, float* Dv, float* dq, DqMode mode) {
   using Tc = typename fa::CudaType<T>::type;
-  check_supported(p);
-  float* Dv = static_cast<float*>(workspace);
   const size_t rows = p.lse_elems();
   launch(rowsum_do_o_kernel<Tc>, dim3(unsigned((rows + kRowsumWarps - 1) / kRowsumWarps)), 32 * kRowsumWarps, 0,
          fa::cuda_ptr(o), fa::cuda_ptr(dout), Dv, rows, p.head_dim);
   if (mode == DqMode::Atomic) zero_floats(dq, p.q_elems());
+}
+
+template <class T>
+void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>::type>& kv, const T* q, const T* k,
+                  const T* v, const T* o, const float* lse, const T* dout, float* dq, float* dk, float* dv, DqMode mode,
+                  void* workspace) {
+  check_supported(p);
+  float* Dv = static_cast<float*>(workspace);
+  prepare<T>(p, o, dout, Dv, dq, mode);
   const dim3 grid((p.kv_len + kv.Bc - 1) / kv.Bc, p.kv_heads, p.batch);
   launch(mode == DqMode::Atomic ? kv.atomic_dq : kv.no_dq, grid, kv.threads, kv.smem_bytes, p, fa::cuda_ptr(q),
          fa::cuda_ptr(k), fa::cuda_ptr(v), lse, fa::cuda_ptr(dout), static_cast<const float*>(Dv), dq, dk, dv);
@@ -73,6 +137,7 @@ void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>
 }
 
 #define WSQ_RUN_BACKWARD(T)                                                                                          \
+  template void prepare<T>(const fa::Problem&, const T*, const T*, float*, float*, DqMode);                          \
   template void run_backward<T>(const fa::Problem&, const KvKernels<fa::CudaType<T>::type>&, const T*, const T*,     \
                                 const T*, const T*, const float*, const T*, float*, float*, float*, DqMode, void*);
 WSQ_RUN_BACKWARD(fa::half_t)

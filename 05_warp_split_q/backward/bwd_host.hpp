@@ -26,6 +26,10 @@ void run_backward(const fa::Problem& p, const KvKernels<typename fa::CudaType<T>
                   const T* v, const T* o, const float* lse, const T* dout, float* dq, float* dk, float* dv, DqMode mode,
                   void* workspace);
 
+// What every step runs before its K/V-block kernel: D = rowsum(dO o O) into Dv, and dq zeroed in the atomic mode.
+template <class T>
+void prepare(const fa::Problem& p, const T* o, const T* dout, float* Dv, float* dq, DqMode mode);
+
 // The deterministic dQ kernel (bwd_dq.cu), the same for every step: grid (Tr, H, B), DqTile.
 template <class T>
 void run_dq(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout, const float* Dv,

@@ -16,4 +16,24 @@ WSQ_BWD_DECLARE(backward_v6_bc128)
 WSQ_BWD_DECLARE(backward_v7_br64)
 WSQ_BWD_DECLARE(backward_v8_kv_frags)
 #undef WSQ_BWD_DECLARE
+
+// The Hopper steps (sm_90a, built with FA_HOPPER; BACKWARD.md, "The Hopper backward"). Each file gives the launch of
+// its K/V-block kernel alone, with D = rowsum(dO o O) already in Dv and, with_dq, dq zeroed; backward.cu's registry
+// wraps it in the same driver as steps 1-8 (D first; in the deterministic mode with_dq = false, then the dQ kernel).
+#define WSQ_BWD_KV_DECLARE(fn)                                                                                 \
+  template <class T>                                                                                           \
+  void fn(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,           \
+          const float* Dv, float* dq, float* dk, float* dv, bool with_dq);
+WSQ_BWD_KV_DECLARE(backward_v9_wgmma_tma)
+WSQ_BWD_KV_DECLARE(backward_v10_dq_bulk_reduce)
+WSQ_BWD_KV_DECLARE(backward_v11_dq_double_buffer)
+#undef WSQ_BWD_KV_DECLARE
 }  // namespace wsq
+
+// Explicit instantiations of a Hopper step's K/V-block launch for both dtypes.
+#define WSQ_BWD_KV_INSTANTIATE(fn)                                                                                 \
+  template void fn<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*, const fa::half_t*,          \
+                               const float*, const fa::half_t*, const float*, float*, float*, float*, bool);        \
+  template void fn<fa::bfloat16_t>(const fa::Problem&, const fa::bfloat16_t*, const fa::bfloat16_t*,                 \
+                                   const fa::bfloat16_t*, const float*, const fa::bfloat16_t*, const float*, float*, \
+                                   float*, float*, bool);

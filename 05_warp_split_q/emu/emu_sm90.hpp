@@ -3,9 +3,12 @@
 // H100. It replaces ptx.cuh, launch.cuh, wgmma.cuh and tma_host.cuh (their include guards are defined here) and
 // must be included before a kernel file.
 //   * Every GPU thread is a cooperative context (ucontext) on one OS thread. Unlike emu.hpp's lockstep, a thread
-//     that must wait (an mbarrier phase, a named barrier, __syncthreads, a shuffle) hands over to the next thread
-//     that has not finished, round robin, until what it waits for has happened: the producer runs ahead of the
-//     consumers exactly as far as the "empty" barriers let it. A wait that can never end stops the test (abort).
+//     that must wait (an mbarrier phase, a named barrier, __syncthreads, a shuffle) hands over to a thread that can
+//     go on, and is resumed only once what it waits for has happened: the producer runs ahead of the consumers
+//     exactly as far as the "empty" barriers let it. Which thread goes on is emu9::schedule's choice
+//     (emu_schedule.hpp): round robin (the next one after the waiting thread) or the lowest-numbered one; the tests
+//     run every step under both, because warps run at any relative speed on the GPU. A wait that can never end (no
+//     thread can go on) stops the test (abort).
 //   * mbarriers count arrivals and transaction bytes and complete phases as the PTX ISA says; try_wait.parity P
 //     succeeds once the phase of parity P has completed. A TMA copy lands as late as the rules allow - when a
 //     thread waits on its barrier - with the 128-byte swizzle (sm90_layout.hpp's swizzle128) and zeros outside the
@@ -46,6 +49,7 @@
 #include "hopper/fp8.hpp"
 #include "dtype.hpp"
 #include "emu_common.hpp"
+#include "emu_schedule.hpp"
 #include "problem.hpp"
 
 
@@ -57,17 +61,21 @@ struct dim3 {
 namespace emu9 {
 
 // ---- the scheduler ----
+// A thread that waits leaves its condition with its fiber (`wait`, called with `arg`: the waiting code's predicate,
+// on that fiber's stack); the scheduler resumes only a thread whose condition holds, so a thread never spins.
 struct Fiber {
   ucontext_t ctx;
   std::vector<char> stack;
   bool done = false;
+  bool (*wait)(void*) = nullptr;  // nullptr: it can go on
+  void* arg = nullptr;
+  const char* what = "";
 };
 inline std::vector<Fiber> fibers;
 inline ucontext_t main_ctx;
 inline int current = 0, n_threads = 0, alive = 0;
 inline dim3 thread_idx, block_idx;
 inline void (*body)() = nullptr;
-constexpr long kMaxSpins = 200'000;  // yields one wait may take before it is called a deadlock
 
 inline void go_to(int next, bool save) {
   const int me = current;
@@ -75,33 +83,58 @@ inline void go_to(int next, bool save) {
   if (save) swapcontext(&fibers[me].ctx, &fibers[next].ctx);
   else setcontext(&fibers[next].ctx);
 }
-inline int next_alive(int from) {
+inline bool can_go_on(int t) {
+  const Fiber& f = fibers[t];
+  return !f.done && (!f.wait || f.wait(f.arg));
+}
+// The thread to run next, as emu9::schedule says: round robin, the first after `from` that can go on (`from` itself
+// last); lowest first, the lowest that can. -1: none can (every thread has finished, or a deadlock).
+inline int pick(int from) {
   for (int i = 1; i <= n_threads; ++i) {
-    const int t = (from + i) % n_threads;
-    if (!fibers[t].done) return t;
+    const int t = schedule == Schedule::lowest_first ? i - 1 : (from + i) % n_threads;
+    if (can_go_on(t)) return t;
   }
   return -1;
 }
+[[noreturn]] inline void deadlock() {
+  for (int t = 0; t < n_threads; ++t)
+    if (!fibers[t].done) {
+      std::fprintf(stderr, "emulated deadlock (%s schedule): thread %d waits forever on %s\n", schedule_name(schedule),
+                   t, fibers[t].what);
+      break;
+    }
+  std::abort();
+}
+// Hands over to the thread the schedule picks (perhaps this one, if it can go on).
+inline void reschedule() {
+  const int next = pick(current);
+  if (next < 0) deadlock();
+  fibers[next].wait = nullptr;
+  if (next != current) go_to(next, true);
+}
+// Lets the schedule run another thread that can go on (round robin: every other one, once, before this one).
 inline void yield() {
-  const int next = next_alive(current);
-  if (next >= 0 && next != current) go_to(next, true);
+  fibers[current].wait = nullptr;
+  reschedule();
 }
 template <class Done>
 inline void wait_until(Done done, const char* what) {
-  for (long spins = 0; !done(); ++spins) {
-    if (spins > kMaxSpins) {
-      std::fprintf(stderr, "emulated deadlock: thread %d waits forever on %s\n", current, what);
-      std::abort();
-    }
-    yield();
-  }
+  if (done()) return;
+  Fiber& f = fibers[current];
+  f.wait = [](void* d) { return (*static_cast<Done*>(d))(); };
+  f.arg = &done, f.what = what;
+  reschedule();  // back here only once done() has held
 }
 inline void fiber_entry() {
   body();
   fibers[current].done = true;
   --alive;
-  const int next = next_alive(current);
-  if (next < 0) setcontext(&main_ctx);
+  const int next = pick(current);
+  if (next < 0) {
+    if (alive > 0) deadlock();  // the others wait on something only a finished thread could have done
+    setcontext(&main_ctx);
+  }
+  fibers[next].wait = nullptr;
   go_to(next, false);
 }
 inline void run_block(int threads, dim3 block) {
@@ -111,7 +144,7 @@ inline void run_block(int threads, dim3 block) {
   for (int t = 0; t < threads; ++t) {
     Fiber& f = fibers[t];
     f.stack.resize(kStack);
-    f.done = false;
+    f.done = false, f.wait = nullptr;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack.data();
     f.ctx.uc_stack.ss_size = kStack;
@@ -158,14 +191,6 @@ inline Mbar& mbar(const void* p) {
 inline void mbar_check(Mbar& m) {
   if (m.pending == 0 && m.tx == 0) ++m.phase, m.pending = m.expected;
 }
-// TMA copies not landed yet, per barrier: they land when a thread waits on that barrier (the latest moment the
-// rules allow), so a kernel that reads a tile without waiting for its barrier reads garbage and fails.
-struct Copy {
-  void* dst;
-  const void* map;
-  int c0, c1, c2;
-};
-inline std::map<const void*, std::vector<Copy>> in_flight;
 
 }  // namespace emu9
 
@@ -192,6 +217,17 @@ struct CUtensorMap {  // what cuTensorMapEncodeTiled would encode: a [planes][ro
   const void* base = nullptr;
   int cols = 0, rows = 0, planes = 0, box_rows = 0;
 };
+namespace emu9 {
+// TMA copies not landed yet, per barrier: they land when a thread waits on that barrier (the latest moment the
+// rules allow), so a kernel that reads a tile without waiting for its barrier reads garbage and fails. The tensor
+// map is kept by value: the kernel parameter it came from may be gone (its thread finished) when the copy lands.
+struct Copy {
+  void* dst;
+  CUtensorMap map;
+  int c0, c1, c2;
+};
+inline std::map<const void*, std::vector<Copy>> in_flight;
+}  // namespace emu9
 #define CUDA_CHECK(x) (x)
 #define CHECK_LAUNCH()
 
@@ -247,14 +283,14 @@ inline void copy_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, i
 // that a wgmma still reading the buffer's previous tile (a buffer released too early) reads it and is caught.
 inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   std::memset(dst, 0xA5, size_t(map->box_rows) * kRowBytes);
-  emu9::in_flight[bar].push_back({dst, map, c0, c1, c2});
+  emu9::in_flight[bar].push_back({dst, *map, c0, c1, c2});
 }
 inline void land(uint64_t* bar) {
   auto it = emu9::in_flight.find(bar);
   if (it == emu9::in_flight.end()) return;
   const std::vector<emu9::Copy> copies = std::move(it->second);
   emu9::in_flight.erase(it);
-  for (const emu9::Copy& c : copies) copy_box(c.dst, static_cast<const CUtensorMap*>(c.map), bar, c.c0, c.c1, c.c2);
+  for (const emu9::Copy& c : copies) copy_box(c.dst, &c.map, bar, c.c0, c.c1, c.c2);
 }
 
 inline uint64_t desc_k_major(const void* tile) { return k_major_desc(smem_addr(tile)); }
@@ -342,7 +378,7 @@ inline void wgmma_commit() {
 // wgmma.wait_group N: every committed group but the N newest has landed.
 template <int N>
 inline void wgmma_wait() {
-  emu9::yield();  // the wgmma take time: every other thread runs meanwhile (a producer may refill a buffer)
+  emu9::yield();  // the wgmma take time: other threads may run meanwhile (round robin: a producer may refill a buffer)
   InFlight& f = wgmmas[emu9::current];
   while (f.committed.size() > size_t(N)) {
     for (Wgmma& w : f.committed.front()) {

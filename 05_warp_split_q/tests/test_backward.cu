@@ -5,7 +5,8 @@
 // The backward is fed the fp64 forward's O (rounded to the dtype) and LSE, so a forward bug cannot hide here;
 // one case runs the chapter's own forward first (end to end). Outputs and workspace are NaN-poisoned before
 // every run. Shapes: the edge lengths (ragged against the 64-key and 32/64-query tiles), causal on/off with
-// q_len != kv_len both ways, head_dim 64 and 128, GQA 8/2 and MQA 8/1, large logits.
+// q_len != kv_len both ways, head_dim 64 and 128, GQA 8/2 and MQA 8/1, large logits. On an sm_90 GPU the list of
+// steps includes the Hopper steps 9-11, and one case gives them longer rows.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -190,6 +191,24 @@ TEST_CASE("05 backward end to end: the chapter's last forward step, then every b
     if (t == Dtype::fp16) run_forward(half_t{}), check_case_t<half_t>(c, all_steps());
     else run_forward(bfloat16_t{}), check_case_t<bfloat16_t>(c, all_steps());
   }
+}
+
+// The Hopper steps (listed on an sm_90 GPU only) on longer rows than the cases above: a K/V block walks up to 22
+// (query head, Q block) tiles, so every Q_i/dO_i buffer and every dQ tile goes through many phases of its barriers.
+TEST_CASE("05 backward, Hopper steps: many Q tiles per K/V block (ring and dQ tile phases), GQA, causal, d = 64, 128") {
+  std::vector<const wsq::BackwardStep*> hopper;
+  for (const wsq::BackwardStep& s : wsq::backward_steps())
+    if (s.arch == Arch::sm90a) hopper.push_back(&s);
+  if (hopper.empty()) {
+    MESSAGE("skipped: no sm_90 GPU, so no Hopper step is listed");
+    return;
+  }
+  for (Dtype t : {Dtype::fp16, Dtype::bf16})
+    for (int d : {64, 128}) check_case(t, make(1, 4, 2, 700, 333, d, true), 1.0, hopper);
+  check_case(Dtype::bf16, make(2, 2, 2, 517, 517, 128, false), 6.0, hopper);
+  Problem p = make(1, 4, 1, 257, 300, 64, true);
+  p.scale = -0.2f;
+  check_case(Dtype::fp16, p, 1.0, hopper);
 }
 
 // The sanitizers' run (CMakeLists.txt): small shapes that still cross every tile edge, every step and path.

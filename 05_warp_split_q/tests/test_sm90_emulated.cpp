@@ -12,6 +12,8 @@
 
 #include "random.hpp"
 
+#include "emu/emu_schedule.hpp"
+
 #include "forward/check.hpp"
 #include "forward/steps.hpp"
 
@@ -38,8 +40,10 @@ void check_hopper_steps(Dtype t, const Problem& p, double qk_stddev) {
   const wsq::LowpReference ref = wsq::lowp_reference(t, p, qf, kf, vf, 1e30);
   const std::pair<const char*, Fn<T>> steps[] = {{"v9_wgmma_tma", wsq::forward_v9_wgmma_tma<T>},
                                                  {"v10_pingpong", wsq::forward_v10_pingpong<T>}};
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
   for (const auto& [name, fn] : steps) {
-    INFO("step ", std::string(name), ", ", std::string(dtype_name(t)), ", ", p.batch, "x", p.heads, "/", p.kv_heads, " ", p.q_len, "x",
+    emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
+    INFO("step ", std::string(name), ", ", std::string(emu9::schedule_name(schedule)), " schedule, ", std::string(dtype_name(t)), ", ", p.batch, "x", p.heads, "/", p.kv_heads, " ", p.q_len, "x",
          p.kv_len, " d=", p.head_dim, " causal=", p.causal, " Q/K stddev ", qk_stddev);
     std::vector<T> o(p.q_elems());
     std::vector<float> lse(p.lse_elems());

@@ -1,0 +1,124 @@
+// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-11 use besides the forward's
+// (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
+// shared-memory operands, float2 and its atomicAdd, the proxy fence, a launch of any kernel signature, and the bulk
+// reduce-add with its bulk groups. Include it before a backward Hopper file.
+// The bulk reduce-add is emulated as late as the PTX ISA allows, as a TMA load is: cp.reduce.async.bulk only
+// records the copy (and a snapshot of its source); commit_group closes the recorded copies into a group; the
+// additions to global memory happen when a wait_group (.read or not) retires the group. So a kernel that never waits
+// never adds (dQ comes out wrong), and a kernel that rewrites the source tile before the wait that lets it (a wait
+// missing or too late) is stopped with an error, as a wgmma whose operands change is.
+#pragma once
+#include "emu_sm90.hpp"
+#define WSQ_BWD_SM90_CUH
+
+#include <functional>
+
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+// One block runs at a time: an atomic add is a plain add (the order of the blocks is fixed, as it is not on a GPU).
+inline void atomicAdd(float2* at, float2 x) { at->x += x.x, at->y += x.y; }
+
+namespace wsq::sm90 {
+
+inline void fence_view_async_shared() {}
+
+namespace {
+
+template <class T>
+inline void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
+  constexpr bool h = std::is_same_v<T, fa::half_t>;
+  issue(d, 32, accumulate_d != 0, [=](const float* in) {
+    return product<64>(
+        in, [&](int row, int k) { return value16(at_k_major(desc_a, row, k), h); },
+        [&](int k, int col) { return value16(at_k_major(desc_b, col, k), h); });
+  });
+}
+// Both operands MN-major: A's element (row m, k) is read as an MN-major tile's (k, m).
+template <class T>
+inline void wgmma_ss_n64_mn(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
+  constexpr bool h = std::is_same_v<T, fa::half_t>;
+  issue(d, 32, accumulate_d != 0, [=](const float* in) {
+    return product<64>(
+        in, [&](int row, int k) { return value16(at_mn_major(desc_a, k, row), h); },
+        [&](int k, int col) { return value16(at_mn_major(desc_b, k, col), h); });
+  });
+}
+
+// ---- bulk reduce-add ----
+struct BulkCopy {
+  float* global;
+  const float* shared;
+  std::vector<float> source;  // the source as it was at issue
+};
+struct BulkGroups {
+  std::vector<BulkCopy> open;
+  std::vector<std::vector<BulkCopy>> committed;  // oldest first
+};
+inline std::vector<BulkGroups> bulk;  // per thread of the block
+
+inline void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) {
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(global) % 16 || smem_addr(shared) % 16) {
+    std::fprintf(stderr, "emulated cp.reduce.async.bulk: address or size not a multiple of 16 bytes\n");
+    std::abort();
+  }
+  bulk[emu9::current].open.push_back({global, shared, std::vector<float>(shared, shared + bytes / 4)});
+}
+inline void bulk_commit() {
+  BulkGroups& b = bulk[emu9::current];
+  b.committed.push_back(std::move(b.open));
+  b.open.clear();
+}
+// Retires every committed group but the N newest: each copy reads its source now (which must still be what it was
+// at issue) and adds it to global memory.
+template <int N>
+inline void bulk_retire() {
+  emu9::yield();  // the copies take time: other threads may run meanwhile (round robin: every other one does)
+  BulkGroups& b = bulk[emu9::current];
+  while (b.committed.size() > size_t(N)) {
+    for (const BulkCopy& c : b.committed.front()) {
+      if (std::memcmp(c.shared, c.source.data(), c.source.size() * sizeof(float)) != 0) {
+        std::fprintf(stderr, "emulated cp.reduce.async.bulk: thread %d: its shared-memory source changed before the "
+                             "wait_group that retires it (a wait missing or too late)\n", emu9::current);
+        std::abort();
+      }
+      for (size_t x = 0; x < c.source.size(); ++x) c.global[x] += c.source[x];
+    }
+    b.committed.erase(b.committed.begin());
+  }
+}
+template <int N>
+inline void bulk_wait_read() {
+  bulk_retire<N>();
+}
+template <int N>
+inline void bulk_wait() {
+  bulk_retire<N>();
+}
+
+// The grid, blocks one after another, each with `threads` emulated threads (launch_tma's, for any signature).
+template <class... Params, class... Args>
+void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, Args... args) {
+  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
+  static std::function<void()> run;  // emu9::body is a plain function pointer: the call goes through this
+  run = [=] { kernel(args...); };
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::memset(smem_raw, 0xA5, sizeof(smem_raw));
+        emu9::mbars.clear();
+        emu9::in_flight.clear();
+        emu9::block_barrier = {};
+        for (emu9::Barrier& b : emu9::named) b = {};
+        emu9::warp_barriers.assign(threads / 32, {});
+        emu9::slots.assign(threads, {});
+        wgmmas.assign(threads, {});
+        bulk.assign(threads, {});
+        emu9::body = [] { run(); };
+        emu9::run_block(threads, dim3(bx, by, bz));
+      }
+}
+
+}  // namespace
+}  // namespace wsq::sm90

@@ -1,0 +1,78 @@
+// The Hopper (sm_90a) PTX the backward's steps 9-11 use besides the forward's (wgmma.cuh, tma_host.cuh):
+//   * two more wgmma shapes, m64n64k16 with both operands in shared memory: K-major x K-major (S^T = K_j Q_i^T,
+//     dP^T = V_j dO_i^T) and MN-major x MN-major ("transposed" A and B: dQ_i = dS_ij K_j read from dS^T and K_j as
+//     they are stored, [key][query] and [key][d]);
+//   * the proxy fence that makes the threads' own shared-memory stores (dS^T, the dQ tile) visible to wgmma and to
+//     the bulk copies, which read shared memory through the "async proxy";
+//   * the bulk reduce-add cp.reduce.async.bulk .add.f32 (step 10): one thread hands the copy engine a contiguous run
+//     of fp32 values in shared memory, and the engine adds them to global memory - an atomic add of the whole run,
+//     done by the memory system, without a per-element atomic instruction - with its bulk-group commit and waits;
+//   * the launch of a kernel of any signature (the backward's kernels take five tensor maps).
+// PTX ISA sections: "wgmma.mma_async" (imm-trans-a, imm-trans-b), "cp.reduce.async.bulk", "cp.async.bulk.wait_group",
+// "fence.proxy.async". emu/emu_sm90_bwd.hpp provides the same names for the CPU emulation (hence the guard).
+#ifndef WSQ_BWD_SM90_CUH
+#define WSQ_BWD_SM90_CUH
+#include "hopper/wgmma.cuh"
+
+#include "cuda_check.cuh"
+#include "device.cuh"
+
+namespace wsq::sm90 {
+
+// Orders this thread's earlier ordinary stores to shared memory before later reads of the async proxy (a wgmma
+// operand, a bulk copy's source). Every writer fences, then the writers and the readers meet at a barrier.
+__device__ __forceinline__ void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// D (64 x 64, fp32) (+)= A (64 x 16) * B (16 x 64), both from shared memory. TRANS = "0, 0": A and B K-major (their
+// k runs along a stored row: K_j and Q_i for S^T = K_j Q_i^T, stored [key][d] and [query][d]). TRANS = "1, 1": both
+// MN-major (k runs down the stored rows: A = dS from dS^T stored [key][query], B = K_j stored [key][d]).
+#define WSQ_WGMMA_SS_N64(TYPE, TRANS)                                                                            \
+  asm volatile(                                                                                                  \
+      "{\n.reg .pred acc;\nsetp.ne.b32 acc, %34, 0;\n"                                                          \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " WSQ_D32_REGS ", %32, %33, acc, 1, 1, " TRANS \
+      ";\n}\n"                                                                                                   \
+      : WSQ_D32_OPERANDS                                                                                         \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) WSQ_WGMMA_SS_N64("f16", "0, 0");
+  else WSQ_WGMMA_SS_N64("bf16", "0, 0");
+}
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n64_mn(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) WSQ_WGMMA_SS_N64("f16", "1, 1");
+  else WSQ_WGMMA_SS_N64("bf16", "1, 1");
+}
+
+// ---- bulk reduce-add: global[0 .. bytes) += shared[0 .. bytes) (fp32), both 16-byte aligned, bytes a multiple of
+// 16. Asynchronous like a TMA copy, but tracked by the issuing thread's bulk groups instead of an mbarrier:
+// commit_group closes the copies issued since the last commit into a group, wait_group_read N returns once at most
+// the N newest groups may still be READING their shared-memory source (the tile may then be rewritten), wait_group N
+// once at most N are still running at all (the additions done). ----
+__device__ __forceinline__ void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
+               "r"(smem_addr(shared)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Launch with more than 48 KiB of dynamic shared memory (the per-kernel opt-in), any kernel signature.
+template <class... Params, class... Args>
+void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, Args... args) {
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this Hopper backward step");
+  kernel<<<grid, threads, smem_bytes>>>(args...);
+  CHECK_LAUNCH();
+}
+
+}  // namespace wsq::sm90
+#endif  // WSQ_BWD_SM90_CUH

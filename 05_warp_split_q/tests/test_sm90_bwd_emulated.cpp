@@ -1,0 +1,104 @@
+// The backward's Hopper steps 9-11 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
+// cooperative context; the producer and the MMA warpgroups meet at emulated mbarriers, the dQ writer warp at named
+// barriers; TMA, wgmma and the bulk reduce-add land as late as the PTX ISA allows): both dtypes, head_dim 64 and
+// 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
+// negative scale, more Q tiles than ring buffers; outputs NaN-poisoned, judged by the rule of the GPU tests
+// (bwd_testing.hpp). D = rowsum(dO o O) is computed here, as the chapter's preprocess kernel does; the deterministic
+// mode's dQ kernel is the one test_bwd_emulated runs.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+
+#include "program.hpp"
+
+#include "emu/emu_schedule.hpp"
+
+#include "backward/bwd_steps.hpp"
+#include "bwd_testing.hpp"
+
+using namespace fa;
+using wsq_bwd_testing::Case;
+using wsq_bwd_testing::make;
+
+namespace {
+
+template <class T>
+using KvFn = void (*)(const Problem&, const T*, const T*, const T*, const float*, const T*, const float*, float*,
+                      float*, float*, bool);
+
+template <class T>
+void check_steps(const Case& c, bool with_dq) {
+  const Problem& p = c.p;
+  const std::vector<T> q = to_dtype<T>(c.q), k = to_dtype<T>(c.k), v = to_dtype<T>(c.v), dout = to_dtype<T>(c.dout);
+  std::vector<float> Dv(p.lse_elems());  // the preprocess: D_i = rowsum(dO_i o O_i) in fp32
+  for (size_t r = 0; r < Dv.size(); ++r) {
+    float s = 0.f;
+    for (int e = 0; e < p.head_dim; ++e) s += c.o[r * p.head_dim + e] * c.dout[r * p.head_dim + e];
+    Dv[r] = s;
+  }
+  const std::pair<const char*, KvFn<T>> steps[] = {{"bwd_v9_wgmma_tma", wsq::backward_v9_wgmma_tma<T>},
+                                                   {"bwd_v10_dq_bulk_reduce", wsq::backward_v10_dq_bulk_reduce<T>},
+                                                   {"bwd_v11_dq_double_buffer", wsq::backward_v11_dq_double_buffer<T>}};
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
+  for (const auto& [name, fn] : steps) {
+    emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
+    INFO("step ", std::string(name), std::string(with_dq ? ", with dQ" : ", dK and dV only"), ", ",
+         std::string(emu9::schedule_name(schedule)), " schedule");  // (a const char* would print as its address)
+    std::vector<float> dq(p.q_elems(), 0.f), dk(p.kv_elems()), dv(p.kv_elems());
+    std::memset(dk.data(), 0xFF, dk.size() * sizeof(float));  // NaN poison
+    std::memset(dv.data(), 0xFF, dv.size() * sizeof(float));
+    fn(p, q.data(), k.data(), v.data(), c.lse.data(), dout.data(), Dv.data(), dq.data(), dk.data(), dv.data(), with_dq);
+    const ErrorReport ek = wsq_bwd_testing::check(dk, c.rdk, c.bound_dk);
+    const ErrorReport ev = wsq_bwd_testing::check(dv, c.rdv, c.bound_dv);
+    CHECK_MESSAGE(ek.ok(), ek.summary("dK vs fp64"), " (bound ", c.bound_dk, ")");
+    CHECK_MESSAGE(ev.ok(), ev.summary("dV vs fp64"), " (bound ", c.bound_dv, ")");
+    if (!with_dq) {  // the deterministic mode's kernel must leave dq alone
+      for (float x : dq) REQUIRE(x == 0.f);
+      continue;
+    }
+    const ErrorReport eq = wsq_bwd_testing::check(dq, c.rdq, c.bound_dq);
+    CHECK_MESSAGE(eq.ok(), eq.summary("dQ vs fp64"), " (bound ", c.bound_dq, ")");
+    if (p.causal && p.q_len > p.kv_len)  // rows that see no key: no K/V block adds to them, dQ stays 0 exactly
+      for (int h = 0; h < p.heads; ++h)
+        for (int i = 0; i < p.q_len - p.kv_len; ++i)
+          for (int e = 0; e < p.head_dim; ++e) REQUIRE(dq[p.q_offset(0, h) + size_t(i) * p.head_dim + e] == 0.f);
+  }
+}
+
+void check_all(const Problem& p, double stddev = 1.0, bool with_dq = true) {
+  INFO(describe(p), " stddev=", stddev);
+  check_steps<half_t>(wsq_bwd_testing::make_case(Dtype::fp16, p, stddev), with_dq);
+  check_steps<bfloat16_t>(wsq_bwd_testing::make_case(Dtype::bf16, p, stddev), with_dq);
+}
+
+}  // namespace
+
+TEST_CASE("emulated Hopper backward: ragged lengths, causal on/off, q_len != kv_len both ways, d = 64 and 128") {
+  for (bool causal : {false, true}) {
+    check_all(make(1, 1, 1, 1, 1, 64, causal));
+    check_all(make(1, 1, 1, 97, 130, 64, causal));   // 2 K/V blocks, the second 2 keys long; 2 Q tiles
+    check_all(make(1, 1, 1, 130, 97, 128, causal));  // 3 Q tiles: buffer 0 used twice
+  }
+}
+
+TEST_CASE("emulated Hopper backward: GQA 4/2 (dK, dV summed over the group), 5 Q tiles per head (ring phases)") {
+  check_all(make(1, 4, 2, 65, 129, 64, true));
+  check_all(make(2, 2, 1, 300, 70, 128, false));  // 10 (head, Q block) tiles per block: each buffer 5 times
+}
+
+TEST_CASE("emulated Hopper backward: large logits, a negative and a tiny scale, Q blocks that see no key") {
+  check_all(make(1, 1, 1, 70, 200, 128, false), 6.0);
+  for (float scale : {-0.3f, 1e-6f}) {
+    INFO("scale ", scale);
+    Problem p = make(1, 2, 1, 97, 203, 64, true);
+    p.scale = scale;
+    check_all(p);
+  }
+  // q_len - kv_len = 200: query rows 0-199 see no key, so Q blocks 0-2 are never visited (i_first skips them)
+  check_all(make(1, 1, 1, 300, 100, 64, true));
+}
+
+TEST_CASE("emulated Hopper backward: the deterministic mode's K/V kernel (dK, dV only; dq untouched)") {
+  check_all(make(1, 2, 1, 97, 130, 128, true), 1.0, false);
+}
