@@ -384,8 +384,9 @@ inline void wgmma_wait() {
     for (Wgmma& w : f.committed.front()) {
       const std::vector<float> again = w.recompute(w.in.empty() ? nullptr : w.in.data());
       if (std::memcmp(again.data(), w.result.data(), again.size() * sizeof(float)) != 0) {
-        std::fprintf(stderr, "emulated wgmma: thread %d: shared memory a wgmma reads changed between its issue and "
-                             "the wait that retires it (a buffer released or refilled too early)\n", emu9::current);
+        std::fprintf(stderr, "emulated wgmma (%s schedule): thread %d: shared memory a wgmma reads changed between "
+                             "its issue and the wait that retires it (a buffer released or refilled too early)\n",
+                     emu9::schedule_name(emu9::schedule), emu9::current);
         std::abort();
       }
       std::copy(w.result.begin(), w.result.end(), w.d);

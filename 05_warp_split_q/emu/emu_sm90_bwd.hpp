@@ -79,8 +79,9 @@ inline void bulk_retire() {
   while (b.committed.size() > size_t(N)) {
     for (const BulkCopy& c : b.committed.front()) {
       if (std::memcmp(c.shared, c.source.data(), c.source.size() * sizeof(float)) != 0) {
-        std::fprintf(stderr, "emulated cp.reduce.async.bulk: thread %d: its shared-memory source changed before the "
-                             "wait_group that retires it (a wait missing or too late)\n", emu9::current);
+        std::fprintf(stderr, "emulated cp.reduce.async.bulk (%s schedule): thread %d: its shared-memory source "
+                             "changed before the wait_group that retires it (a wait missing or too late)\n",
+                     emu9::schedule_name(emu9::schedule), emu9::current);
         std::abort();
       }
       for (size_t x = 0; x < c.source.size(); ++x) c.global[x] += c.source[x];
