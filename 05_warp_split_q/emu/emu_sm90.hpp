@@ -318,9 +318,9 @@ inline uint16_t at_mn_major(uint64_t d, int k, int n) {
   return x;
 }
 
-// This thread's accumulators of a 64 x N product: register 4n + e at row 16 w + g + 8 (e / 2), column 8n + 2t + e % 2.
-// `in`: the accumulators it adds to (nullptr: zero).
-template <int N, class A, class B>
+// This thread's accumulators of a 64 x N x K product (K = 16 for 16-bit operands, 32 for 8-bit): register 4n + e at
+// row 16 w + g + 8 (e / 2), column 8n + 2t + e % 2. `in`: the accumulators it adds to (nullptr: zero).
+template <int N, int K = 16, class A, class B>
 inline std::vector<float> product(const float* in, A a_at, B b_at) {
   const int w = emu9::warp() % 4, g = emu9::lane() / 4, t = emu9::lane() % 4;
   std::vector<float> d(N / 2);
@@ -328,7 +328,7 @@ inline std::vector<float> product(const float* in, A a_at, B b_at) {
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
       float acc = in ? in[4 * n + e] : 0.f;
-      for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, col);
+      for (int k = 0; k < K; ++k) acc += a_at(row, k) * b_at(k, col);
       d[4 * n + e] = acc;
     }
   return d;
@@ -429,12 +429,26 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b)
   });
 }
 
+// A fresh block for every launch: shared memory garbage (like real shared memory), no barrier, TMA copy or wgmma
+// left from the block before. Internal, like everything here that touches this file's shared memory.
+inline void reset_block(int threads) {
+  std::memset(smem_raw, 0xA5, sizeof(smem_raw));
+  emu9::mbars.clear();
+  emu9::in_flight.clear();
+  emu9::block_barrier = {};
+  for (emu9::Barrier& b : emu9::named) b = {};
+  emu9::warp_barriers.assign(threads / 32, {});
+  emu9::slots.assign(threads, {});
+  wgmmas.assign(threads, {});
+}
+
 }  // namespace
 
 template <class T>
 CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int box_rows) {
   return {base, head_dim, rows, planes, box_rows};
 }
+
 
 template <class Tc>
 using TmaKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, Tc*, float*);
@@ -452,14 +466,7 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::memset(smem_raw, 0xA5, sizeof(smem_raw));  // garbage, like real shared memory
-        emu9::mbars.clear();
-        emu9::in_flight.clear();
-        emu9::block_barrier = {};
-        for (emu9::Barrier& b : emu9::named) b = {};
-        emu9::warp_barriers.assign(threads / 32, {});
-        emu9::slots.assign(threads, {});
-        wgmmas.assign(threads, {});
+        reset_block(threads);
         emu9::body = [] { kk(mq, mk, mv, *pp, oo, ll); };
         emu9::run_block(threads, dim3(bx, by, bz));
       }
@@ -478,23 +485,9 @@ inline float e4m3_at_k_major(uint64_t d, int row, int k) {  // byte k of row `ro
   return fp8::e4m3_value(smem_raw[swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k)]);
 }
 
-template <int N, class A, class B>
-inline std::vector<float> product_k32(const float* in, A a_at, B b_at) {
-  const int w = emu9::warp() % 4, g = emu9::lane() / 4, t = emu9::lane() % 4;
-  std::vector<float> d(N / 2);
-  for (int n = 0; n < N / 8; ++n)
-    for (int e = 0; e < 4; ++e) {
-      const int row = 16 * w + g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
-      float acc = in ? in[4 * n + e] : 0.f;
-      for (int k = 0; k < 32; ++k) acc += a_at(row, k) * b_at(k, col);
-      d[4 * n + e] = acc;
-    }
-  return d;
-}
-
 inline void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
   issue(d, 64, accumulate_d != 0, [=](const float* in) {
-    return product_k32<128>(
+    return product<128, 32>(
         in, [&](int row, int k) { return e4m3_at_k_major(desc_a, row, k); },
         [&](int k, int col) { return e4m3_at_k_major(desc_b, col, k); });
   });
@@ -515,7 +508,7 @@ inline void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t de
   }
   emu9::warp_sync();
   issue(d, N / 2, true, [=](const float* in) {
-    return product_k32<N>(
+    return product<N, 32>(
         in, [&](int row, int k) { return A[row % 16][k]; },
         [&](int k, int col) { return e4m3_at_k_major(desc_b, col, k); });
   });
@@ -540,14 +533,7 @@ void launch_tma_fp8(TmaFp8Kernel<Tc> kernel, dim3 grid, int threads, size_t smem
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::memset(smem_raw, 0xA5, sizeof(smem_raw));
-        emu9::mbars.clear();
-        emu9::in_flight.clear();
-        emu9::block_barrier = {};
-        for (emu9::Barrier& b : emu9::named) b = {};
-        emu9::warp_barriers.assign(threads / 32, {});
-        emu9::slots.assign(threads, {});
-        wgmmas.assign(threads, {});
+        reset_block(threads);
         emu9::body = [] { kk(mq, mk, mv, *pp, ss, oo, ll); };
         emu9::run_block(threads, dim3(bx, by, bz));
       }

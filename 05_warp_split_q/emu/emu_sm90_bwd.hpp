@@ -107,14 +107,7 @@ void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::memset(smem_raw, 0xA5, sizeof(smem_raw));
-        emu9::mbars.clear();
-        emu9::in_flight.clear();
-        emu9::block_barrier = {};
-        for (emu9::Barrier& b : emu9::named) b = {};
-        emu9::warp_barriers.assign(threads / 32, {});
-        emu9::slots.assign(threads, {});
-        wgmmas.assign(threads, {});
+        reset_block(threads);
         bulk.assign(threads, {});
         emu9::body = [] { run(); };
         emu9::run_block(threads, dim3(bx, by, bz));
