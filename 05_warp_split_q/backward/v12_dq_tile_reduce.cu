@@ -285,7 +285,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dQ);
-      // tau dQ share -> this warpgroup's region of the dQ tile, once the writer has read the last one
       // tau dQ share -> this warpgroup's region of dQ tile x in fragment order, once the writer has read it
       const int x = tile % kDqTiles;
       float* dQ_frag = dQs + (x * kMma + wg) * kRegionFloats + 4 * (threadIdx.x % 128);  // float4 (n, thread)
