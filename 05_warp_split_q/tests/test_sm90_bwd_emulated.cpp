@@ -1,4 +1,4 @@
-// The backward's Hopper steps 9-13 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
+// The backward's Hopper steps 9-12 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
 // cooperative context; the producer and the MMA warpgroups meet at emulated mbarriers, the dQ writer warp at named
 // barriers; TMA, wgmma and the bulk reduce-add land as late as the PTX ISA allows): both dtypes, head_dim 64 and
 // 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
@@ -40,8 +40,7 @@ void check_steps(const Case& c, bool with_dq) {
   const std::pair<const char*, KvFn<T>> steps[] = {{"bwd_v9_wgmma_tma", wsq::backward_v9_wgmma_tma<T>},
                                                    {"bwd_v10_dq_bulk_reduce", wsq::backward_v10_dq_bulk_reduce<T>},
                                                    {"bwd_v11_dq_double_buffer", wsq::backward_v11_dq_double_buffer<T>},
-                                                   {"bwd_v12_dq_tile_reduce", wsq::backward_v12_dq_tile_reduce<T>},
-                                                   {"bwd_v13_dq_d64_sum", wsq::backward_v13_dq_d64_sum<T>}};
+                                                   {"bwd_v12_dq_tile_reduce", wsq::backward_v12_dq_tile_reduce<T>}};
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
   for (const auto& [name, fn] : steps) {
     emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
