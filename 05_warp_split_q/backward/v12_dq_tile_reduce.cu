@@ -12,8 +12,8 @@
 //                   padded rows), a warp writes 512 contiguous bytes each, no bank conflict without padding
 //   writer warp:    one 16 KiB cp.reduce.async.bulk per warpgroup region (step 11: 128 of 256 bytes)
 //   postprocess:    a kernel with one block per whole Q block reads its tile (fragment order) into registers, waits
-//                   for the block, and writes it back as rows: in place, 2 x 4 bytes per dQ element, ~1-3 % of the
-//                   backward's time
+//                   for the block, and writes it back as rows: in place, 2 x 4 bytes per dQ element (estimated
+//                   1-3 % of the backward's time, not timed on its own)
 // The last Q block of a head, when q_len is not a multiple of Br, has no whole range of its own (its tile would
 // reach into the next head's rows): the MMA warpgroups add that block's share straight from registers with step 9's
 // float2 atomics, in rows, and the postprocess leaves it alone. Everything else is step 11's (two dQ tiles in turn).
