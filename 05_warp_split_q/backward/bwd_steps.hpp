@@ -27,6 +27,7 @@ WSQ_BWD_DECLARE(backward_v8_kv_frags)
 WSQ_BWD_KV_DECLARE(backward_v9_wgmma_tma)
 WSQ_BWD_KV_DECLARE(backward_v10_dq_bulk_reduce)
 WSQ_BWD_KV_DECLARE(backward_v11_dq_double_buffer)
+WSQ_BWD_KV_DECLARE(backward_v12_dq_tile_reduce)
 #undef WSQ_BWD_KV_DECLARE
 }  // namespace wsq
 

@@ -1,4 +1,4 @@
-// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-11 use besides the forward's
+// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-12 use besides the forward's
 // (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
 // shared-memory operands, float2 and its atomicAdd, the proxy fence, a launch of any kernel signature, and the bulk
 // reduce-add with its bulk groups. Include it before a backward Hopper file.
@@ -17,6 +17,10 @@ struct float2 {
   float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 // One block runs at a time: an atomic add is a plain add (the order of the blocks is fixed, as it is not on a GPU).
 inline void atomicAdd(float2* at, float2 x) { at->x += x.x, at->y += x.y; }
 

@@ -206,6 +206,8 @@ TEST_CASE("05 backward, Hopper steps: many Q tiles per K/V block (ring and dQ ti
   for (Dtype t : {Dtype::fp16, Dtype::bf16})
     for (int d : {64, 128}) check_case(t, make(1, 4, 2, 700, 333, d, true), 1.0, hopper);
   check_case(Dtype::bf16, make(2, 2, 2, 517, 517, 128, false), 6.0, hopper);
+  // q_len a multiple of 64: every Q block whole (step 12: all of dQ in fragment order, then the rows kernel)
+  for (int d : {64, 128}) check_case(Dtype::fp16, make(2, 4, 2, 512, 384, d, d == 64), 1.0, hopper);
   Problem p = make(1, 4, 1, 257, 300, 64, true);
   p.scale = -0.2f;
   check_case(Dtype::fp16, p, 1.0, hopper);

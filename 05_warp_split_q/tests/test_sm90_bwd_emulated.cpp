@@ -1,4 +1,4 @@
-// The backward's Hopper steps 9-11 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
+// The backward's Hopper steps 9-12 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
 // cooperative context; the producer and the MMA warpgroups meet at emulated mbarriers, the dQ writer warp at named
 // barriers; TMA, wgmma and the bulk reduce-add land as late as the PTX ISA allows): both dtypes, head_dim 64 and
 // 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
@@ -39,7 +39,8 @@ void check_steps(const Case& c, bool with_dq) {
   }
   const std::pair<const char*, KvFn<T>> steps[] = {{"bwd_v9_wgmma_tma", wsq::backward_v9_wgmma_tma<T>},
                                                    {"bwd_v10_dq_bulk_reduce", wsq::backward_v10_dq_bulk_reduce<T>},
-                                                   {"bwd_v11_dq_double_buffer", wsq::backward_v11_dq_double_buffer<T>}};
+                                                   {"bwd_v11_dq_double_buffer", wsq::backward_v11_dq_double_buffer<T>},
+                                                   {"bwd_v12_dq_tile_reduce", wsq::backward_v12_dq_tile_reduce<T>}};
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
   for (const auto& [name, fn] : steps) {
     emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
@@ -85,6 +86,9 @@ TEST_CASE("emulated Hopper backward: ragged lengths, causal on/off, q_len != kv_
 TEST_CASE("emulated Hopper backward: GQA 4/2 (dK, dV summed over the group), 5 Q tiles per head (ring phases)") {
   check_all(make(1, 4, 2, 65, 129, 64, true));
   check_all(make(2, 2, 1, 300, 70, 128, false));  // 10 (head, Q block) tiles per block: each buffer 5 times
+  // q_len a multiple of 64: every Q block whole (step 12: every tile by bulk copy, in fragment order, then rows)
+  check_all(make(2, 2, 1, 128, 130, 64, true));
+  check_all(make(1, 2, 2, 192, 64, 128, false));
 }
 
 TEST_CASE("emulated Hopper backward: large logits, a negative and a tiny scale, Q blocks that see no key") {
