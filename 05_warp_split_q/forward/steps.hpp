@@ -23,6 +23,8 @@ WSQ_DECLARE(forward_v10_pingpong)
 
 // ---- step 11 (FP8, sm_90a only): reads the quantisation pass's e4m3 tensors (hopper/fp8.hpp), writes O in bf16 ----
 void forward_v11_fp8(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+// ---- step 12 (FP8, sm_90a only): step 11 with a leaner softmax (FFMA, ex2.ftz, kPScale in the exponent), 3 buffers ----
+void forward_v12_fp8_lean(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

@@ -106,8 +106,9 @@ void check_supported(const fa::Problem& p) {
     throw fa::UsageError("heads and batch must be <= 65535 (the grid's y and z limits)");
 }
 
-// ---- step 11 (FP8) ----
-static constexpr const char* kFp8StepName = "v11_fp8";
+// ---- steps 11 and 12 (FP8) ----
+static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean"};
+static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean";
 
 const std::vector<Fp8Step>& fp8_steps() {
   static const std::vector<Fp8Step> steps = [] {
@@ -115,9 +116,12 @@ const std::vector<Fp8Step>& fp8_steps() {
 #if WSQ_HOPPER
     int major = 0, minor = 0;
     gpu_capability(major, minor);
-    if (fa::arch_runs(fa::Arch::sm90a, major, minor))
-      all.push_back({kFp8StepName, "FP8: e4m3 wgmma (k32) with block scales, Vt from the quantisation pass, P in e4m3",
+    if (fa::arch_runs(fa::Arch::sm90a, major, minor)) {
+      all.push_back({kFp8StepNames[0], "FP8: e4m3 wgmma (k32) with block scales, Vt from the quantisation pass, P in e4m3",
                      forward_v11_fp8, "fp8", fa::Arch::sm90a});
+      all.push_back({kFp8StepNames[1], "FP8, leaner softmax: scale and max in one FFMA, ex2.ftz, kPScale in the exponent, 3 K/V buffers",
+                     forward_v12_fp8_lean, "fp8", fa::Arch::sm90a});
+    }
 #endif
     return all;
   }();
@@ -142,7 +146,7 @@ std::vector<Fp8Step> select_fp8_steps(const std::string& kernel) {
     int major = 0, minor = 0;
     gpu_capability(major, minor);
     const std::string gpu = major == 0 ? "no CUDA GPU here" : "this GPU is sm_" + std::to_string(10 * major + minor);
-    throw fa::UsageError(std::string("--dtype fp8 runs step ") + kFp8StepName +
+    throw fa::UsageError(std::string("--dtype fp8 runs steps ") + kFp8StepList +
                          " (e4m3 wgmma), which needs an sm_90 GPU (H100, H200) and a build with the Hopper steps "
                          "(FA_HOPPER): " + (hopper_steps_built() ? gpu : "this build has no Hopper steps"));
   }
@@ -153,15 +157,16 @@ std::vector<Fp8Step> select_fp8_steps(const std::string& kernel) {
     for (const Fp8Step& s : steps)
       if (name == s.name) chosen.push_back(s), found = true;
     if (!found)
-      throw fa::UsageError("--dtype fp8: step '" + name + "' has no fp8 form; the fp8 steps: " + kFp8StepName);
+      throw fa::UsageError("--dtype fp8: step '" + name + "' has no fp8 form; the fp8 steps: " + kFp8StepList);
   }
   return chosen;
 }
 
 void check_not_fp8_steps(const std::string& kernel) {
   for (const std::string& name : split_names(kernel))
-    if (name == kFp8StepName)
-      throw fa::UsageError(std::string(kFp8StepName) + " takes --dtype fp8 only (e4m3 inputs; README section 7)");
+    for (const char* fp8_name : kFp8StepNames)
+      if (name == fp8_name)
+        throw fa::UsageError(std::string(fp8_name) + " takes --dtype fp8 only (e4m3 inputs; README section 7)");
 }
 
 }  // namespace wsq

@@ -130,12 +130,14 @@ FA_HD bool sign_flip(uint64_t seed, int c) {  // D's diagonal entry c is -1 when
 }
 // In place on one row of D floats: signs, the fast Walsh-Hadamard transform (log2 D butterfly passes: O(D log D)
 // additions instead of the D^2 of a matrix product), then 1 / sqrt(D), which makes M orthogonal: M M^T = I.
-template <int D>
-FA_HD void rotate_row(float (&x)[D], uint64_t seed) {
+// flip(c) says whether D's entry c is -1: sign_flip itself (rotate_row), or the quantisation kernel's bits of it,
+// computed once per block (a splitmix64 per column and row cost more than the transform).
+template <int D, class Flip>
+FA_HD void rotate_row_with(float (&x)[D], const Flip& flip) {
   static_assert((D & (D - 1)) == 0, "the Walsh-Hadamard transform needs a power of two");
   #pragma unroll
   for (int c = 0; c < D; ++c)
-    if (sign_flip(seed, c)) x[c] = -x[c];
+    if (flip(c)) x[c] = -x[c];
   #pragma unroll
   for (int h = 1; h < D; h *= 2)
     #pragma unroll
@@ -148,6 +150,12 @@ FA_HD void rotate_row(float (&x)[D], uint64_t seed) {
   #pragma unroll
   for (int c = 0; c < D; ++c) x[c] *= norm;
 }
+struct SeedSigns {
+  uint64_t seed;
+  FA_HD bool operator()(int c) const { return sign_flip(seed, c); }
+};
+template <int D>
+FA_HD void rotate_row(float (&x)[D], uint64_t seed) { rotate_row_with<D>(x, SeedSigns{seed}); }
 
 // The scale of a block whose largest |x| is amax (an all-zero block keeps scale 1: any scale represents it).
 FA_HD float scale_of(float amax) { return amax > 0.f ? amax / kE4m3Max : 1.f; }

@@ -1,9 +1,10 @@
-// Step 11 itself (forward/v11_fp8.cu), run on the CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// Steps 11 and 12 themselves (forward/v11_fp8.cu, forward/v12_fp8_lean.cu), run on the CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
 // tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
 // model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
 // rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
 // the floors. Ragged lengths, several K/V tiles, causal with rows that see no key, GQA, large logits, outliers,
-// per-block and per-tensor scales, with and without the Hadamard rotation.
+// per-block and per-tensor scales, with and without the Hadamard rotation; a negative softmax scale (step 12 takes
+// the minimum of S then); enough K/V tiles that each of step 12's three buffers is reused.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -23,8 +24,9 @@ fa::Problem make(int H, int Hkv, int nq, int nk, int d, bool causal) {
 }
 
 // qk_stddev scales Q and K (large logits); outliers: the fraction of entries drawn 10x larger.
-void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0) {
-  INFO(p.heads, "/", p.kv_heads, " heads ", p.q_len, "x", p.kv_len, " d=", p.head_dim, " causal=", p.causal,
+using Fp8Fn = void (*)(const fa::Problem&, const View&, fa::bfloat16_t*, float*);
+void check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, double qk_stddev, double outliers) {
+  INFO(name, ": ", p.heads, "/", p.kv_heads, " heads ", p.q_len, "x", p.kv_len, " d=", p.head_dim, " causal=", p.causal,
        " scales ", (o.scaling == Scaling::block ? "block" : "tensor"), " hadamard=", o.hadamard, " Q/K stddev ",
        qk_stddev, " outliers ", outliers);
   auto q = lab_inputs(p.q_elems(), 1 + p.q_len, outliers), k = lab_inputs(p.kv_elems(), 2 + p.kv_len, outliers),
@@ -36,13 +38,17 @@ void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double o
   std::vector<float> lse(p.lse_elems());
   std::memset(out.data(), 0xFF, out.size() * sizeof(fa::bfloat16_t));  // NaN poison, as on the GPU
   std::memset(lse.data(), 0xFF, lse.size() * sizeof(float));
-  wsq::forward_v11_fp8(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(),
+  step(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(),
                        lse.data());
   std::vector<float> o_f(out.size());
   for (size_t x = 0; x < out.size(); ++x) o_f[x] = fa::to_float(out[x]);
   const Reference r = reference(p, o, q, k, v, 1e30);
   const wsq::LowpCheck c = check_forward(p, r, o_f, lse);
   CHECK_MESSAGE(c.ok(), c.summary());
+}
+void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0) {
+  check_one("v11_fp8", wsq::forward_v11_fp8, p, o, qk_stddev, outliers);
+  check_one("v12_fp8_lean", wsq::forward_v12_fp8_lean, p, o, qk_stddev, outliers);
 }
 
 }  // namespace
@@ -62,4 +68,12 @@ TEST_CASE("emulated FP8 step: GQA, large logits, outliers, per-tensor scales, th
   check_v11(make(1, 1, 130, 257, 128, false), {}, 8.0);       // logits of ~100s
   check_v11(make(1, 1, 130, 257, 128, false), tensor, 1.0, 0.01);
   check_v11(make(2, 1, 100, 226, 128, true), both, 1.0, 0.01);  // Bc - 2 past the diagonal in every K/V tile
+}
+
+TEST_CASE("emulated FP8 steps: a negative softmax scale, five K/V tiles (each of three buffers reused)") {
+  fa::Problem neg = make(1, 1, 70, 250, 64, true);
+  neg.scale = -0.125f;
+  check_v11(neg, {});
+  check_v11(make(1, 1, 64, 600, 64, false), {});
+  check_v11(make(1, 1, 200, 600, 128, true), {});
 }
