@@ -6,7 +6,7 @@
 // one case runs the chapter's own forward first (end to end). Outputs and workspace are NaN-poisoned before
 // every run. Shapes: the edge lengths (ragged against the 64-key and 32/64-query tiles), causal on/off with
 // q_len != kv_len both ways, head_dim 64 and 128, GQA 8/2 and MQA 8/1, large logits. On an sm_90 GPU the list of
-// steps includes the Hopper steps 9-11, and one case gives them longer rows.
+// steps includes the Hopper steps 9-12, and one case gives them longer rows.
 #include <doctest/doctest.h>
 
 #include <cstring>
