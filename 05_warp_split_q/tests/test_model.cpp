@@ -1,4 +1,4 @@
-// CPU tests of the chapter 05 model (model.hpp): the tiled algorithm of every step, in both warp partitions
+// CPU tests of the chapter 05 model (forward/model.hpp): the tiled algorithm of every step, in both warp partitions
 // and both exponential bases, against the fp64 reference fed the same rounded inputs, with the error rule of
 // common/lowp.hpp; the split-K combination algebra; causal block skipping never skips a visible pair.
 #include <doctest/doctest.h>
@@ -10,7 +10,7 @@
 #include "random.hpp"
 #include "reference.hpp"
 
-#include "model.hpp"
+#include "forward/model.hpp"
 
 using namespace fa;
 
