@@ -442,6 +442,23 @@ inline void reset_block(int threads) {
   wgmmas.assign(threads, {});
 }
 
+// The grid, blocks one after another, each with `threads` emulated threads running `call` (the kernel with its
+// arguments); `reset_more` clears what a header adds to a block's state (emu_sm90_bwd.hpp: the bulk groups).
+inline void run_grid(dim3 grid, int threads, size_t smem_bytes, std::function<void()> call,
+                     void (*reset_more)(int threads) = nullptr) {
+  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
+  static std::function<void()> run;  // emu9::body is a plain function pointer: the call goes through this
+  run = std::move(call);
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        reset_block(threads);
+        if (reset_more) reset_more(threads);
+        emu9::body = [] { run(); };
+        emu9::run_block(threads, dim3(bx, by, bz));
+      }
+}
+
 }  // namespace
 
 template <class T>
@@ -449,27 +466,13 @@ CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int bo
   return {base, head_dim, rows, planes, box_rows};
 }
 
-
+// The launches the steps call (tma_host.cuh's, emulated): the grid block by block, on the CPU.
 template <class Tc>
 using TmaKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, Tc*, float*);
-// The grid, blocks one after another, each with `threads` emulated threads.
 template <class Tc>
 void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
                 const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
-  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
-  static TmaKernel<Tc> kk;
-  static CUtensorMap mq, mk, mv;
-  static const fa::Problem* pp;
-  static Tc* oo;
-  static float* ll;
-  kk = kernel, mq = q, mk = k, mv = v, pp = &p, oo = o, ll = lse;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        reset_block(threads);
-        emu9::body = [] { kk(mq, mk, mv, *pp, oo, ll); };
-        emu9::run_block(threads, dim3(bx, by, bz));
-      }
+  run_grid(grid, threads, smem_bytes, [=] { kernel(q, k, v, p, o, lse); });
 }
 
 }  // namespace sm90
@@ -522,21 +525,7 @@ template <class Tc>
 void launch_tma_fp8(TmaFp8Kernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
                     const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, const fp8::Scales& scales, Tc* o,
                     float* lse) {
-  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
-  static TmaFp8Kernel<Tc> kk;
-  static CUtensorMap mq, mk, mv;
-  static const fa::Problem* pp;
-  static fp8::Scales ss;
-  static Tc* oo;
-  static float* ll;
-  kk = kernel, mq = q, mk = k, mv = v, pp = &p, ss = scales, oo = o, ll = lse;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        reset_block(threads);
-        emu9::body = [] { kk(mq, mk, mv, *pp, ss, oo, ll); };
-        emu9::run_block(threads, dim3(bx, by, bz));
-      }
+  run_grid(grid, threads, smem_bytes, [=] { kernel(q, k, v, p, scales, o, lse); });
 }
 
 }  // namespace wsq::sm90

@@ -102,20 +102,10 @@ inline void bulk_wait() {
   bulk_retire<N>();
 }
 
-// The grid, blocks one after another, each with `threads` emulated threads (launch_tma's, for any signature).
+// A launch of any signature (launch_tma's, with the bulk groups cleared for every block too).
 template <class... Params, class... Args>
 void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, Args... args) {
-  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
-  static std::function<void()> run;  // emu9::body is a plain function pointer: the call goes through this
-  run = [=] { kernel(args...); };
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        reset_block(threads);
-        bulk.assign(threads, {});
-        emu9::body = [] { run(); };
-        emu9::run_block(threads, dim3(bx, by, bz));
-      }
+  run_grid(grid, threads, smem_bytes, [=] { kernel(args...); }, [](int n) { bulk.assign(n, {}); });
 }
 
 }  // namespace
