@@ -281,14 +281,17 @@ bool run(const fa::Options& opts, const fa::Problem& p, const Setup& s, const Fl
     const Check c = check(p, s, groups, fdec::widen(s.t, ob), lo);
     std::printf("check:   %-16s splits %3d: %s; %s (bound %.3g = 2 x plain %s + floor)\n", label.c_str(), l.splits,
                 c.o.summary("O").c_str(), c.lse.summary("LSE").c_str(), c.bound, fa::dtype_name(s.t));
+    const int fell_back = k.launch.unified ? fallbacks.download()[0] : 0;
     if (k.launch.unified)
       std::printf("         unified max (phi = %g): %d of %lld split blocks fell back to the running max\n", s.phi,
-                  fallbacks.download()[0], l.blocks_unsplit * l.splits);
+                  fell_back, l.blocks_unsplit * l.splits);
     ok = ok && c.ok();
     if (!opts.out_dir.empty()) write_outputs(opts.out_dir, p, s.t, ob, lo);
     if (opts.iters <= 0) return;
     // Not fa::time_kernel: FLOPs count the visible keys of each entry, and GB/s the K/V bytes alone.
-    fa::ResultRow r = fa::result_row("06", label, "fwd", p);
+    // A unified-max run whose blocks fell back (large logits, --scale 30) is named "unified_max@fallback": its row
+    // keeps the default run's of the same shape (the results' key has no scale).
+    fa::ResultRow r = fa::result_row("06", fell_back > 0 ? label + "@fallback" : label, "fwd", p);
     r.dtype = fa::dtype_name(s.t);
     r.model_hbm_bytes = k.launch.even ? fdec_model::model_hbm_bytes_even(p, s.lens, elem, l.splits)
                                       : fdec_model::model_hbm_bytes(p, s.lens, elem, k.launch.packed, l.splits,

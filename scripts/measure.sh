@@ -70,6 +70,13 @@ if [[ ",$CHAPTERS," == *",05fwd,"* ]]; then
     HOPPER_STEPS+=",$s"
   done
 fi
+# The backward's last two sm_90a steps, measured at every N next to step 8 (05bwd below; every step runs at N = 4096).
+HOPPER_BWD_STEPS=""
+if [[ ",$CHAPTERS," == *",05bwd,"* ]]; then
+  for s in $("$B/05_warp_split_q/warp_split_q" --list-steps --backward 2>/dev/null | awk -F'\t' '$3 == "sm_90a" { print $1 }' | tail -2); do
+    HOPPER_BWD_STEPS+=",$s"
+  done
+fi
 FP8_STEPS=""
 if [[ ",$CHAPTERS," == *",05fwd,"* ]]; then
   FP8_STEPS=$("$B/05_warp_split_q/warp_split_q" --list-steps 2>/dev/null | awk -F'\t' '$2 == "fp8" { print $1 }')
@@ -122,8 +129,9 @@ add 04 "python3 scripts/torch_sdpa.py bench --sizes 4096 --batch 4 --heads 32 --
 # (fp32). Then PyTorch's flash (FA2) and cuDNN backends' forward on the same shapes: 05's baselines.
 # 05bwd: the backward steps (both dQ modes, next to 04's backward) on the same shapes, and PyTorch's backward;
 # `--kernel none` and `--backward-only` time no forward, so 05's forward rows stay those of a 05 run. Every step at
-# N = 4096 (the ladder's table), the last two steps at every N (each step's check against fp64 is what takes the time).
-BWD_LAST=bwd_v7_br64,bwd_v8_kv_frags
+# N = 4096 (the ladder's table); at every N step 8 (the last of sm_80) and, on an sm_90 GPU, the last two Hopper steps
+# (each step's check against fp64 is what takes the time).
+BWD_LAST=bwd_v8_kv_frags$HOPPER_BWD_STEPS
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do

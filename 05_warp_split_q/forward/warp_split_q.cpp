@@ -146,9 +146,9 @@ std::vector<Fp8Step> select_fp8_steps(const std::string& kernel) {
     int major = 0, minor = 0;
     gpu_capability(major, minor);
     const std::string gpu = major == 0 ? "no CUDA GPU here" : "this GPU is sm_" + std::to_string(10 * major + minor);
-    throw fa::UsageError(std::string("--dtype fp8 runs steps ") + kFp8StepList +
-                         " (e4m3 wgmma), which needs an sm_90 GPU (H100, H200) and a build with the Hopper steps "
-                         "(FA_HOPPER): " + (hopper_steps_built() ? gpu : "this build has no Hopper steps"));
+    throw fa::UsageError(std::string("the fp8 steps ") + kFp8StepList +
+                         " (--dtype fp8, fp8_lab --gpu; e4m3 wgmma) need an sm_90 GPU (H100, H200) and a build with "
+                         "the Hopper steps (FA_HOPPER): " + (hopper_steps_built() ? gpu : "this build has no Hopper steps"));
   }
   if (kernel == "all") return steps;
   std::vector<Fp8Step> chosen;

@@ -155,18 +155,22 @@ TEST_CASE("05 backward: rows that see no key get dQ = 0 exactly, in both dQ mode
     }
 }
 
-TEST_CASE("05 backward: deterministic mode is bit-identical run to run (dQ, and dK, dV summed over GQA heads)") {
-  const Problem p = make(1, 8, 2, 1023, 1023, 64, true);
-  const Case c = wsq_bwd_testing::make_case(Dtype::bf16, p);
-  Device<bfloat16_t> dev(c);
-  const wsq::BackwardStep& s = wsq::backward_steps().back();
-  std::vector<float> first[3];
-  for (int run = 0; run < 3; ++run) {
-    if (!dev.run(s, wsq::DqMode::Deterministic)) return;
-    const std::vector<float> got[3] = {dev.dq.download(), dev.dk.download(), dev.dv.download()};
-    for (int x = 0; x < 3; ++x) {
-      if (run == 0) first[x] = got[x];
-      else CHECK(std::memcmp(first[x].data(), got[x].data(), got[x].size() * sizeof(float)) == 0);
+TEST_CASE("05 backward: deterministic mode is bit-identical run to run, every step (dQ, and dK, dV summed over GQA heads)") {
+  for (int d : {64, 128}) {
+    const Problem p = make(1, 8, 2, 1023, 1023, d, true);
+    const Case c = wsq_bwd_testing::make_case(Dtype::bf16, p);
+    Device<bfloat16_t> dev(c);
+    for (const wsq::BackwardStep& s : wsq::backward_steps()) {
+      INFO("step ", std::string(s.name), ", ", describe(p));
+      std::vector<float> first[3];
+      for (int run = 0; run < 3; ++run) {
+        if (!dev.run(s, wsq::DqMode::Deterministic)) break;
+        const std::vector<float> got[3] = {dev.dq.download(), dev.dk.download(), dev.dv.download()};
+        for (int x = 0; x < 3; ++x) {
+          if (run == 0) first[x] = got[x];
+          else CHECK(std::memcmp(first[x].data(), got[x].data(), got[x].size() * sizeof(float)) == 0);
+        }
+      }
     }
   }
 }

@@ -4,8 +4,13 @@
 // products and P in fp16, fp32 accumulation), fp8 with one scale per tensor, fp8 with one scale per 128-row block,
 // and each of those two with the Hadamard rotation of Q and K (the models of fp8_model.hpp: the bytes step 11
 // computes on). Prints a markdown table; --csv FILE writes it as a side table (docs/results/cpu_model_fp8_lab.csv).
+// --gpu (an sm_90 GPU): the same inputs through the GPU's quantisation pass and every fp8 step (steps 11, 12, ...):
+// each fp8 row then gives the kernels' RMSE next to the model's, and the program fails (exit 1) when a kernel's
+// RMSE is off the model's by more than kAgree: the kernels multiply the model's bytes, only the order of the fp32
+// sums and the exp2 approximation differ, so their error must be the model's (README section 7.6).
 //   ./fp8_lab                                 B=1 H=4 N=1024 d=128 (the README's table)
 //   ./fp8_lab --head-dim 64 --causal --csv FILE
+//   ./fp8_lab --gpu --csv FILE                the same table measured on the kernels (docs/results/<gpu>_fp8_lab.csv)
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -13,8 +18,12 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "device_buffer.cuh"
+#include "forward/warp_split_q.cuh"
+#include "hopper/fp8.cuh"
 #include "hopper/fp8_model.hpp"
 #include "lowp.hpp"
+#include "program.cuh"
 #include "program.hpp"
 #include "reference.hpp"
 
@@ -33,6 +42,27 @@ Error error_of(const std::vector<float>& o, const std::vector<double>& ref) {
   return e;
 }
 
+// A kernel's RMSE may differ from the model's by this fraction (either way): the same bytes are multiplied, so
+// only rounding order moves it; a lost tile, a wrong scale or a wrong key order moves it by far more.
+constexpr double kAgree = 0.05;
+
+// O of fp8 step `s` on the GPU for inputs q, k, v (bf16 values) quantised by the GPU's pass with options o8.
+std::vector<float> kernel_output(const fa::Problem& p, const wsq::fp8::Options& o8, const wsq::Fp8Step& s,
+                                 const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
+  using T = fa::bfloat16_t;
+  fa::DeviceBuffer<T> dq(fa::to_dtype<T>(q)), dk(fa::to_dtype<T>(k)), dv(fa::to_dtype<T>(v)), o(p.q_elems());
+  fa::DeviceBuffer<float> lse(p.lse_elems());
+  wsq::fp8::Tensors z(p);
+  o.poison(), lse.poison();
+  wsq::fp8::quantise(p, o8, dq.get(), dk.get(), dv.get(), z);
+  s.launch(p, z.view(), o.get(), lse.get());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<T> o_t = o.download();
+  std::vector<float> out(o_t.size());
+  for (size_t x = 0; x < o_t.size(); ++x) out[x] = fa::to_float(o_t[x]);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -43,11 +73,18 @@ int main(int argc, char** argv) try {
               "fp8 per block, and both with the Hadamard rotation, with and without 0.1% outliers (README section 7)",
               defaults);
   cli.extend_help("--head-dim", "64 or 128");
+  bool gpu = false;
+  cli.add_flag("--gpu", &gpu,
+               "also run the GPU's quantisation pass and every fp8 step on the same inputs (an sm_90 GPU): their RMSE "
+               "next to the model's; exit 1 if one is off by more than 5%");
   const fa::Options opts = cli.parse(argc, argv);
   if (opts.help) return cli.print_usage();
   const fa::Problem& p = opts.problem;
   if (p.head_dim != 64 && p.head_dim != 128) throw fa::UsageError("--head-dim must be 64 or 128");
   if (p.dropout_p != 0.f) throw fa::UsageError("no dropout in the lab");
+  // --gpu: the fp8 steps this GPU runs (none: exit 2, with the reason, before any work); then the GPU itself.
+  const std::vector<wsq::Fp8Step> steps = gpu ? wsq::select_fp8_steps("all") : std::vector<wsq::Fp8Step>{};
+  if (gpu) fa::require_gpu();  // prints the device's name
 
   using wsq::fp8::Options;
   using wsq::fp8::Scaling;
@@ -63,8 +100,16 @@ int main(int argc, char** argv) try {
                             {"fp8 per block", true, Scaling::block, false},
                             {"fp8 per block + Hadamard", true, Scaling::block, true}};
   std::printf("problem: %s; O vs the fp64 reference of the (bf16) inputs\n\n", fa::describe(p).c_str());
-  std::printf("| inputs | method | RMSE of O | max abs error | RMSE: fp8 per tensor / this |\n|---|---|---|---|---|\n");
-  std::string csv = "inputs,method,B,H,Nq,Nk,d,causal,rmse,max_abs_err,rmse_ratio_to_fp8_tensor\n";
+  // The table: the model's columns, then per fp8 step its RMSE and its ratio to the model's (--gpu).
+  std::string head = "| inputs | method | RMSE of O | max abs error | RMSE: fp8 per tensor / this |", rule = "|---|---|---|---|---|";
+  std::string csv = "inputs,method,B,H,Nq,Nk,d,causal,rmse,max_abs_err,rmse_ratio_to_fp8_tensor";
+  for (const wsq::Fp8Step& s : steps) {
+    head += std::string(" RMSE ") + s.name + " (GPU) / model |", rule += "---|";
+    csv += std::string(",rmse_") + s.name + ",rmse_" + s.name + "_over_model";
+  }
+  std::printf("%s\n%s\n", head.c_str(), rule.c_str());
+  csv += "\n";
+  bool agree = true;
   for (double outliers : {0.001, 0.0}) {
     const char* label = outliers > 0 ? "N(0,1), 0.1% from N(0,10^2)" : "N(0,1)";
     const auto q = wsq::fp8::lab_inputs(p.q_elems(), 101, outliers), k = wsq::fp8::lab_inputs(p.kv_elems(), 102, outliers),
@@ -101,11 +146,27 @@ int main(int argc, char** argv) try {
         std::snprintf(ratio_s, sizeof ratio_s, "%.3f", ratio);
         std::snprintf(ratio_md, sizeof ratio_md, "%.2fx", ratio);
       }
-      std::printf("| %s | %s | %.3g | %.3g | %s |\n", label, m.name, e.rmse, e.max_abs, ratio_md);
+      std::printf("| %s | %s | %.3g | %.3g | %s |", label, m.name, e.rmse, e.max_abs, ratio_md);
       char line[512];
-      std::snprintf(line, sizeof line, "\"%s\",%s,%d,%d,%d,%d,%d,%d,%.4g,%.4g,%s\n", label, m.name, p.batch, p.heads,
+      std::snprintf(line, sizeof line, "\"%s\",%s,%d,%d,%d,%d,%d,%d,%.4g,%.4g,%s", label, m.name, p.batch, p.heads,
                     p.q_len, p.kv_len, p.head_dim, int(p.causal), e.rmse, e.max_abs, ratio_s);
       csv += line;
+      for (const wsq::Fp8Step& s : steps) {
+        if (!m.fp8) {  // the fp16 row is the model's only
+          std::printf(" |"), csv += ",,";
+          continue;
+        }
+        Options o8;
+        o8.scaling = m.scaling, o8.hadamard = m.hadamard;
+        const Error g = error_of(kernel_output(p, o8, s, q, k, v), ref);
+        const double over = g.rmse / e.rmse;
+        agree = agree && std::fabs(over - 1.0) <= kAgree;
+        std::printf(" %.3g (%.3f) |", g.rmse, over);
+        std::snprintf(line, sizeof line, ",%.4g,%.4f", g.rmse, over);
+        csv += line;
+      }
+      std::printf("\n");
+      csv += "\n";
     }
   }
   std::printf("\nFlashAttention-3 reports 2.6x lower RMSE for fp8 with block quantisation and incoherent processing "
@@ -115,7 +176,9 @@ int main(int argc, char** argv) try {
     if (!(f << csv)) throw std::runtime_error("cannot write " + opts.csv);
     std::printf("wrote %s\n", opts.csv.c_str());
   }
-  return 0;
+  if (!gpu) return 0;
+  std::printf("%s: every fp8 step's RMSE within %.0f%% of the model's\n", agree ? "PASSED" : "FAILED", 100 * kAgree);
+  return agree ? 0 : 1;
 } catch (...) {
   return fa::exit_code_of_current_exception();
 }
