@@ -105,11 +105,13 @@ ATOMICS = [
     "l1tex__t_requests_pipe_lsu_mem_global_op_atom.sum",
     "lts__t_sectors_srcunit_tex_op_red.sum",  # the 32-byte L2 sectors they touch
     "lts__t_sectors_srcunit_tex_op_atom.sum",
+    "lts__t_sectors_op_red.sum",  # every L2 reduction, whoever sends it: also the Hopper steps' bulk reduce-adds (TMA)
 ]
 BWD_NAMES = NAMES + ATOMICS
 BWD_COLUMNS = COLUMNS + [
     ("atomic requests (M)", [ATOMICS[0], ATOMICS[1]], 1e-6, 2),
     ("L2 atomic sectors (M)", [ATOMICS[2], ATOMICS[3]], 1e-6, 1),
+    ("L2 reduction sectors, all units (M)", [ATOMICS[4]], 1e-6, 1),
 ]
 MODES = ["atomic_dq", "determ_dq"]  # the program's order; its check lines name <step>_<mode>
 KV_KERNEL, DQ_KERNEL = "kv_kernel", "dq_kernel"  # every step's K/V-block kernel; backward/bwd_dq.cu's, shared by every step
