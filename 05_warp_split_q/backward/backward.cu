@@ -76,6 +76,8 @@ std::vector<BackwardStep> hopper_steps() {
        WSQ_HOPPER_BWD(backward_v11_dq_double_buffer), kDtypes, sm90a},
       {"bwd_v12_dq_tile_reduce", "Hopper: dQ in fragment order, one bulk reduce-add per tile region, rows afterwards",
        WSQ_HOPPER_BWD(backward_v12_dq_tile_reduce), kDtypes, sm90a},
+      {"bwd_v13_br128", "Hopper: Br = 128 at d = 64 (FA3's tile): twice the work per tile, dQ split by rows; d = 128: 12",
+       WSQ_HOPPER_BWD(backward_v13_br128), kDtypes, sm90a},
   };
 #else
   return {};
