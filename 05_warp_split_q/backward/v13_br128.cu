@@ -18,9 +18,12 @@
 // reduce-add and turned into rows afterwards by the same postprocess as step 12's at d = 64 (one block per 64 rows);
 // the last region of a head, when q_len is not a multiple of 64, is added from registers by float2 atomics, in rows.
 // (A Q block of 128 rows may thus be half bulk, half atomics: its region 0 whole, region 1 partial or past q_len.)
-// One thing moves because the registers allow it at d = 64: dQ's wgmma is issued right behind dV_j, dK_j's, in its
-// own commit group, without waiting for them first (step 12 waited: at d = 128 the registers of P^T, dS^T had to be
-// free first). wait_group 1 then means "dV_j, dK_j have landed" (release the Q_i/dO_i buffer), wait_group 0 "dQ too".
+// Two waits move, because the registers allow it at d = 64 and a longer tile makes them worth more:
+//   * dQ's wgmma is issued right behind dV_j, dK_j's, in its own commit group, without waiting for them first (step
+//     12 waited: at d = 128 the registers of P^T, dS^T had to be free first). wait_group 1 then means "dV_j, dK_j have
+//     landed" (release the Q_i/dO_i buffer), wait_group 0 "dQ too";
+//   * S^T and dP^T are two commit groups: wait_group 1 gives S^T, and P^T's 64 exponentials run while dP^T's wgmma
+//     still does; wait_group 0, then dS^T.
 // At d = 128 a tile of 128 queries does not fit: S^T and dP^T (64 + 64 registers) next to dK_j, dV_j (64 + 64) are
 // more than setmaxnreg's 240, and K_j, V_j (64 KiB), the ring of Q_i, dO_i (128 KiB) and dS^T (32 KiB) alone fill the
 // shared memory. There this step is step 12 (its host function is called).
@@ -29,8 +32,9 @@
 //   line 1   producer: TMA K_j, V_j once (full_kv); dK_j = dV_j = 0   (MMA registers)
 //   line 2-3 for each query head of the kv head's group, for each Q block i (128 rows) from the first that sees j0
 //   line 4     producer: wait empty[s]; L_i (base 2), D_i by 32 lanes, 4 rows each; TMA Q_i, dO_i; arrive on full[s]
-//   line 5     MMA: wait full[s]; S^T, dP^T                              (wgmma m64n128k16, both from shared memory)
-//   line 6     P^T = 2^(tau log2(e) S^T - L_i), dS^T = P^T o (dP^T - D_i)  (masked only in tiles that need it)
+//   line 5     MMA: wait full[s]; S^T, dP^T              (wgmma m64n128k16, both from shared memory; a group each)
+//   line 6     wait 1: P^T = 2^(tau log2(e) S^T - L_i); wait 0: dS^T = P^T o (dP^T - D_i)  (masked only in tiles
+//              that need it)
 //   line 9a    dS^T -> shared memory (DsFree before, DsReady after: dQ reads both warpgroups' keys)
 //   line 7-8   dV_j += P^T dO_i, dK_j += dS^T Q_i                        (wgmma m64n64k16, A from registers; a group)
 //   line 9b    dQ rows 64 w .. = dS K_j (wgmma m64n64k16, both from shared memory; the next group); wait 1: arrive
@@ -42,8 +46,8 @@
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Thread mapping: step 12's (warps 0-7 the two MMA warpgroups, keys 64 w .. 64 w + 63 of the block each; warp 8 the
 // producer, warp 9 the dQ writer, lane 0 issuing the copies; warps 10-11 exit). MMA thread registers (setmaxnreg 240,
-// the producer's warpgroup 24): S^T, dP^T 64 + 64, dK_j, dV_j 32 + 32; P^T, dS^T packed 32 + 32 and dQ's share 32
-// while the three products run.
+// the producer's warpgroup 24; at 232 ptxas serialises the wgmma, C7512): S^T, dP^T 64 + 64, dK_j, dV_j 32 + 32;
+// P^T, dS^T packed 32 + 32 and dQ's share 32 while the three products of lines 7-9 run.
 // Shared memory (d = 64): K_j, V_j 2 x 16 KiB; the ring of Q_i, dO_i 2 x 2 x 16 KiB; dS^T 128 keys x 128 queries
 // (two 64-query panels) 32 KiB; two dQ tiles of two 16 KiB regions 64 KiB; L_i, D_i 2 x 2 x 512 bytes; the mbarriers;
 // 1 KiB alignment slack: 195 KiB.
