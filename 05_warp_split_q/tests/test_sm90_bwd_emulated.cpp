@@ -111,4 +111,5 @@ TEST_CASE("emulated Hopper backward: large logits, a negative and a tiny scale, 
 
 TEST_CASE("emulated Hopper backward: the deterministic mode's K/V kernel (dK, dV only; dq untouched)") {
   check_all(make(1, 2, 1, 97, 130, 128, true), 1.0, false);
+  check_all(make(1, 2, 1, 300, 130, 64, true), 1.0, false);  // step 13's own kernel (d = 128 is step 12's): 4 tiles
 }
