@@ -62,7 +62,7 @@ bool gpu_runs_sm90a() {
 }
 #endif
 
-// Steps 9-12 (FA_HOPPER): sm_90a code, listed only on a GPU that runs it (H100, H200).
+// Steps 9-13 (FA_HOPPER): sm_90a code, listed only on a GPU that runs it (H100, H200).
 std::vector<BackwardStep> hopper_steps() {
 #if WSQ_HOPPER
   constexpr fa::Arch sm90a = fa::Arch::sm90a;
@@ -76,6 +76,8 @@ std::vector<BackwardStep> hopper_steps() {
        WSQ_HOPPER_BWD(backward_v11_dq_double_buffer), kDtypes, sm90a},
       {"bwd_v12_dq_tile_reduce", "Hopper: dQ in fragment order, one bulk reduce-add per tile region, rows afterwards",
        WSQ_HOPPER_BWD(backward_v12_dq_tile_reduce), kDtypes, sm90a},
+      {"bwd_v13_br128", "Hopper, d = 64: Br = 128 (FA3's tile), dQ split by rows, one bulk copy each; d = 128: step 12",
+       WSQ_HOPPER_BWD(backward_v13_br128), kDtypes, sm90a},
   };
 #else
   return {};

@@ -28,6 +28,7 @@ WSQ_BWD_KV_DECLARE(backward_v9_wgmma_tma)
 WSQ_BWD_KV_DECLARE(backward_v10_dq_bulk_reduce)
 WSQ_BWD_KV_DECLARE(backward_v11_dq_double_buffer)
 WSQ_BWD_KV_DECLARE(backward_v12_dq_tile_reduce)
+WSQ_BWD_KV_DECLARE(backward_v13_br128)
 #undef WSQ_BWD_KV_DECLARE
 }  // namespace wsq
 

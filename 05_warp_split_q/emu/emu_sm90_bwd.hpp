@@ -1,4 +1,4 @@
-// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-12 use besides the forward's
+// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-13 use besides the forward's
 // (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
 // shared-memory operands, float2 and its atomicAdd, the proxy fence, a launch of any kernel signature, and the bulk
 // reduce-add with its bulk groups. Include it before a backward Hopper file.

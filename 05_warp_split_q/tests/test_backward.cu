@@ -6,7 +6,7 @@
 // one case runs the chapter's own forward first (end to end). Outputs and workspace are NaN-poisoned before
 // every run. Shapes: the edge lengths (ragged against the 64-key and 32/64-query tiles), causal on/off with
 // q_len != kv_len both ways, head_dim 64 and 128, GQA 8/2 and MQA 8/1, large logits. On an sm_90 GPU the list of
-// steps includes the Hopper steps 9-12, and one case gives them longer rows.
+// steps includes the Hopper steps 9-13, and one case gives them longer rows.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -212,6 +212,9 @@ TEST_CASE("05 backward, Hopper steps: many Q tiles per K/V block (ring and dQ ti
   check_case(Dtype::bf16, make(2, 2, 2, 517, 517, 128, false), 6.0, hopper);
   // q_len a multiple of 64: every Q block whole (step 12: all of dQ in fragment order, then the rows kernel)
   for (int d : {64, 128}) check_case(Dtype::fp16, make(2, 4, 2, 512, 384, d, d == 64), 1.0, hopper);
+  // step 13's 128-row Q blocks at d = 64: the last one half whole, half partial (600), or half past q_len (192)
+  check_case(Dtype::bf16, make(1, 2, 1, 600, 450, 64, true), 1.0, hopper);
+  check_case(Dtype::fp16, make(2, 2, 2, 192, 260, 64, false), 1.0, hopper);
   Problem p = make(1, 4, 1, 257, 300, 64, true);
   p.scale = -0.2f;
   check_case(Dtype::fp16, p, 1.0, hopper);

@@ -1,4 +1,4 @@
-// The backward's Hopper steps 9-12 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
+// The backward's Hopper steps 9-13 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
 // cooperative context; the producer and the MMA warpgroups meet at emulated mbarriers, the dQ writer warp at named
 // barriers; TMA, wgmma and the bulk reduce-add land as late as the PTX ISA allows): both dtypes, head_dim 64 and
 // 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
@@ -40,7 +40,8 @@ void check_steps(const Case& c, bool with_dq) {
   const std::pair<const char*, KvFn<T>> steps[] = {{"bwd_v9_wgmma_tma", wsq::backward_v9_wgmma_tma<T>},
                                                    {"bwd_v10_dq_bulk_reduce", wsq::backward_v10_dq_bulk_reduce<T>},
                                                    {"bwd_v11_dq_double_buffer", wsq::backward_v11_dq_double_buffer<T>},
-                                                   {"bwd_v12_dq_tile_reduce", wsq::backward_v12_dq_tile_reduce<T>}};
+                                                   {"bwd_v12_dq_tile_reduce", wsq::backward_v12_dq_tile_reduce<T>},
+                                                   {"bwd_v13_br128", wsq::backward_v13_br128<T>}};
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
   for (const auto& [name, fn] : steps) {
     emu9::schedule = schedule;  // emu_schedule.hpp: a missing wait shows in one order of the threads or the other
@@ -89,6 +90,11 @@ TEST_CASE("emulated Hopper backward: GQA 4/2 (dK, dV summed over the group), 5 Q
   // q_len a multiple of 64: every Q block whole (step 12: every tile by bulk copy, in fragment order, then rows)
   check_all(make(2, 2, 1, 128, 130, 64, true));
   check_all(make(1, 2, 2, 192, 64, 128, false));
+  // Step 13 (d = 64, Q blocks of 128 rows): 10 tiles per block (each ring buffer and dQ tile 5 times), the last
+  // Q block half whole (rows 512-575 by bulk copy), half partial (576-599: atomics); and q_len = 192, a multiple of
+  // 64 but not of 128: the second Q block's region 1 lies wholly past q_len (nothing to add)
+  check_all(make(1, 2, 1, 600, 140, 64, false));
+  check_all(make(1, 2, 2, 192, 64, 64, false));
 }
 
 TEST_CASE("emulated Hopper backward: large logits, a negative and a tiny scale, Q blocks that see no key") {
@@ -105,4 +111,5 @@ TEST_CASE("emulated Hopper backward: large logits, a negative and a tiny scale, 
 
 TEST_CASE("emulated Hopper backward: the deterministic mode's K/V kernel (dK, dV only; dq untouched)") {
   check_all(make(1, 2, 1, 97, 130, 128, true), 1.0, false);
+  check_all(make(1, 2, 1, 300, 130, 64, true), 1.0, false);  // step 13's own kernel (d = 128 is step 12's): 4 tiles
 }

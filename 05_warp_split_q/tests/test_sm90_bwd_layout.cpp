@@ -1,4 +1,4 @@
-// CPU proof of the layout contract of the backward's Hopper steps 9-11: for each of the five products, the wgmma
+// CPU proof of the layout contract of the backward's Hopper steps 9-13: for each of the five products, the wgmma
 // descriptors the kernels build (sm90_layout.hpp's functions, with the offsets the kernels add) make the tensor cores
 // read exactly the tile elements the product needs, from tiles as TMA writes them (128-byte swizzle, 64-column
 // panels) or as the kernels store dS^T. The reads follow the PTX ISA's canonical layouts, as test_sm90_layout.cpp
@@ -73,6 +73,35 @@ TEST_CASE("dQ_i = dS K_j: A = dS read from dS^T [key][query], B = K_j [key][d] p
       }
     }
   }
+}
+
+TEST_CASE("step 13 (d = 64, Br = 128): S^T's B = 128 queries, dV/dK's B 8 k-steps, dQ's A = dS^T panel w (its rows)") {
+  constexpr int Br13 = 128, d = 64;
+  for (int kk = 0; kk < d / 16; ++kk) {  // S^T = K_j Q_i^T: B = Q_i, 128 rows (N = 128), K-major
+    const uint64_t b = k_major_desc(kBase + k_major_step(kk, Br13));
+    for (int n = 0; n < Br13; ++n)
+      for (int k = 0; k < 16; ++k) REQUIRE(read_k_major(b, n, k) == kBase + tile_byte(n, 16 * kk + k, Br13));
+  }
+  for (int kk = 0; kk < Br13 / 16; ++kk) {  // dV_j += P^T dO_i, dK_j += dS^T Q_i: k = 128 queries, MN-major
+    const uint64_t b = mn_major_desc(kBase + mn_major_step(kk), panel_bytes(Br13));
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < d; ++n) REQUIRE(read_mn_major(b, k, n) == kBase + tile_byte(16 * kk + k, n, Br13));
+  }
+  for (int w : {0, 1})  // dQ rows 64 w .. = dS K_j: A from dS^T (Bc keys x 128 queries, two panels), k = all keys
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      const uint64_t a = mn_major_desc(kBase + w * panel_bytes(Bc) + 16 * kk * kRowBytes, panel_bytes(Bc));
+      const uint64_t b = mn_major_desc(kBase + 16 * kk * kRowBytes, panel_bytes(Bc));
+      for (int k = 0; k < 16; ++k)
+        for (int x = 0; x < 64; ++x) {
+          REQUIRE(read_mn_major(a, k, x) == kBase + tile_byte(16 * kk + k, 64 * w + x, Bc));  // dS^T (key, query)
+          REQUIRE(read_mn_major(b, k, x) == kBase + tile_byte(16 * kk + k, x, Bc));           // K_j (key, column)
+        }
+    }
+  for (int key = 0; key < Bc; ++key)  // dS^T's stores of 128 queries: aligned words in both panels
+    for (int q = 0; q < Br13; q += 2) {
+      REQUIRE(tile_byte(key, q, Bc) % 4 == 0);
+      REQUIRE(tile_byte(key, q + 1, Bc) == tile_byte(key, q, Bc) + 2);
+    }
 }
 
 TEST_CASE("dS^T's fragment stores: a pair of queries (2t, 2t + 1) is one aligned 4-byte word under the swizzle") {
