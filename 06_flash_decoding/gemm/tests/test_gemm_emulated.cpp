@@ -7,7 +7,6 @@
 #include <doctest/doctest.h>
 
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "check.hpp"
@@ -68,7 +67,11 @@ TEST_CASE("06 gemm emulated: the flat GEMM's split-K (1, 2, 3, 5 pieces) and its
 }
 
 TEST_CASE("06 gemm emulated: read_w reads every 32-bit word of W once (its XOR)") {
-  for (const auto& [n, k, sms] : std::vector<std::tuple<int, int, int>>{{5, 8, 1}, {77, 136, 1}, {136, 392, 2}}) {
+  struct Case {
+    int n, k, sms;  // sms: read_w's grid is 8 blocks per SM, so 1 SM makes the grid-stride loop turn over
+  };
+  for (const Case& c : std::vector<Case>{{5, 8, 1}, {77, 136, 1}, {136, 392, 2}}) {
+    const int n = c.n, k = c.k, sms = c.sms;
     const HostGemm h = make_inputs(1, n, k, 5);
     unsigned want = 0;
     for (size_t i = 0; i < h.w.size(); i += 2) want ^= unsigned(h.w[i].bits) | unsigned(h.w[i + 1].bits) << 16;
