@@ -4,7 +4,7 @@
 // and timed (common/timer.cuh: warm-up, median of CUDA events, L2 flushed before each run), next to read_w: W's
 // bytes read and nothing else (read_w.cu), the ceiling each kernel's time is a share of.
 //   decode_gemm                                 the default sweep, every kernel
-//   decode_gemm --shapes 4096x4096 --m 1,8 --kernel flat,cublas
+//   decode_gemm --shapes 4096x4096 --m 1,8 --kernel read_w,flat,cublas
 //   decode_gemm --tune gemm/dataflow.tsv        this GPU's inflection points written into the table
 // Exit codes: 0 ok, 1 a failed check or no GPU, 2 bad usage (before any GPU work).
 #include <cublas_v2.h>
@@ -214,7 +214,8 @@ int main(int argc, char** argv) try {
     const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
     fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
     fa::DeviceBuffer<float> ws(ws_floats);
-    fa::DeviceBuffer<unsigned> checksum(1);  // read_w's XOR of W
+    fa::DeviceBuffer<unsigned> checksum(1);  // read_w's XOR of W (XORed in: zeroed once, as initcheck asks)
+    checksum.zero();
     CUDA_CHECK(cudaMemcpy(x.get(), h.x.data(), h.x.size() * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(w.get(), h.w.data(), h.w.size() * 2, cudaMemcpyHostToDevice));
     std::vector<SweepPoint> sweep;
