@@ -43,8 +43,8 @@ static_assert(2 * kSmemBytes <= 164 * 1024, "two blocks per SM, on an A100 too")
 
 // Copies K tile [k0, k0 + 128) of W's rows n0 .. n0 + 63 and X's rows m0 .. m0 + 7 into `stage` (cp.async, one
 // group: the caller commits). Pieces outside W, X or K are zero-filled, so they add nothing to the products. Every
-// copy asks L2 for the 256-byte block around it (a row's K tile is 256 bytes: one DRAM burst, not two 128-byte ones);
-// no eviction policy: L2's default.
+// copy asks L2 for the 256-byte block around it (a row's K tile is 256 bytes: one request to HBM for it, not two of
+// 128); no eviction policy: L2's default (KvPolicy is chapter 06's K/V stream's, here without evict-first).
 __device__ __forceinline__ void copy_tile(const Args& a, int n0, int m0, int k0, __half* stage, KvPolicy pol) {
   for (int i = threadIdx.x; i < kStageRows * kPieces; i += kThreads) {
     const int r = i / kPieces, c = i % kPieces, k = k0 + 8 * c;
