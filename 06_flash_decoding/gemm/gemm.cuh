@@ -3,6 +3,7 @@
 // in kernels() below, which decode_gemm, the tests and the tuner loop over:
 //   gemv.cu       CUDA cores, W streamed once, each thread all (up to 8) rows of X
 //   flat_gemm.cu  tensor cores with the operands swapped (Y^T = W X^T): M padded to 8, not 64; split-K
+// and, next to them, read_w.cu: the ceiling, a kernel that only reads W (no Y), timed as the kernels are.
 //   tile_gemm.cu  tensor cores, a conventional 64 x 64 block tile, for large M
 // Plain C++ besides the pointers' type (CUDA's __half, which the CPU emulation has too), so the CPU tests include it.
 #pragma once
@@ -41,14 +42,16 @@ inline void check_shape(int m, int n, int k) {
                          ": the kernels read rows of X and W in 16-byte pieces (pad K to a multiple of 8)");
 }
 
-// The flat GEMM's split-K (flat_gemm.cu): enough pieces of K that the grid fills the SMs about twice, when the N
-// tiles alone do not, keeping at least one K tile per piece. `n_tiles` blocks per piece (N tiles x row groups).
+// The flat GEMM's split-K (flat_gemm.cu): the fewest pieces of K that give every SM a block, when the N tiles alone
+// do not (`blocks` = N tiles x row groups), keeping at least one K tile per piece. Two blocks fit an SM, so up to
+// 2 x sms blocks run as one wave: all of them resident from the start, no tail of late blocks, and the stream of W
+// shared by the blocks of every SM.
 constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16)
 constexpr int kFlatTileK = 128;  // k per pipeline stage
 inline int flat_splits(int m, int n, int k, int sms) {
   const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kGroupRows - 1) / kGroupRows);
   const int k_tiles = (k + kFlatTileK - 1) / kFlatTileK;
-  long long s = (2LL * sms + blocks - 1) / blocks;  // ceil(2 sms / blocks)
+  long long s = (sms + blocks - 1) / blocks;  // ceil(sms / blocks): blocks x s in [sms, sms + blocks)
   if (s > kMaxSplits) s = kMaxSplits;
   if (s > k_tiles) s = k_tiles;
   return s < 1 ? 1 : int(s);
@@ -61,6 +64,11 @@ namespace gemv { void launch(const Args& a); }
 namespace flat { void launch(const Args& a); }
 namespace tile { void launch(const Args& a); }
 
+// The ceiling (read_w.cu): W's 2 N K bytes read in 16-byte loads and nothing else, with every SM busy. It XORs
+// each 32-bit word of W into *checksum (XORed in: a zeroed word receives the XOR of W), so that no load is dropped
+// and a test can see that every byte was read.
+namespace read_w { void launch(const __half* w, int n, int k, int sms, unsigned* checksum); }
+
 // The registry: name (--kernel), the one idea, the launch.
 struct Kernel {
   const char* name;
@@ -72,7 +80,7 @@ inline const std::vector<Kernel>& kernels() {
   static const std::vector<Kernel> list = {
       {"gemv", "CUDA cores: W streamed once in 16-byte loads, each thread accumulates all 8 rows", Path::gemv,
        gemv::launch},
-      {"flat", "tensor cores, Y^T = W X^T: M padded to 8 (not 64), W double-buffered by cp.async, split-K",
+      {"flat", "tensor cores, Y^T = W X^T: M padded to 8 (not 64), 4 cp.async stages of W, split-K in one launch",
        Path::flat, flat::launch},
       {"tile", "tensor cores, a 64 x 64 block tile of Y, cp.async double buffering: the large-M GEMM", Path::tile,
        tile::launch},

@@ -1,9 +1,10 @@
 // decode_gemm: the linear layers of a decode step, Y[M, N] = X[M, K] W^T in fp16 (fp32 accumulation), on 7B-class
 // shapes for M = 1 .. 256: the three kernels of gemm.cuh, cuBLAS (cublasGemmEx, fp32 compute) and `auto` (what the
 // heuristic dataflow of dataflow.hpp picks from the table), each checked against fp64 on sampled entries (check.hpp)
-// and timed (common/timer.cuh: warm-up, median of CUDA events, L2 flushed before each run).
+// and timed (common/timer.cuh: warm-up, median of CUDA events, L2 flushed before each run), next to read_w: W's
+// bytes read and nothing else (read_w.cu), the ceiling each kernel's time is a share of.
 //   decode_gemm                                 the default sweep, every kernel
-//   decode_gemm --shapes 4096x4096 --m 1,8 --kernel flat,cublas
+//   decode_gemm --shapes 4096x4096 --m 1,8 --kernel read_w,flat,cublas
 //   decode_gemm --tune gemm/dataflow.tsv        this GPU's inflection points written into the table
 // Exit codes: 0 ok, 1 a failed check or no GPU, 2 bad usage (before any GPU work).
 #include <cublas_v2.h>
@@ -29,7 +30,7 @@ namespace {
 struct Flags {
   std::string m = "1,2,4,8,16,32,64,128,256";
   std::string shapes = "4096x4096,12288x4096,11008x4096,4096x11008";
-  std::string kernel = "gemv,flat,tile,cublas,auto";
+  std::string kernel = "read_w,gemv,flat,tile,cublas,auto";
   std::string table, tune, csv;
   int iters = 20, warmup = 3;
   uint64_t seed = 1;
@@ -41,10 +42,11 @@ struct Shape {
 
 const char* kUsage =
     "usage: decode_gemm [options]\n"
-    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile (gemm.cuh), cuBLAS and auto.\n"
+    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile (gemm.cuh), cuBLAS and auto,\n"
+    "next to read_w (W's bytes read and nothing else: the ceiling).\n"
     "  --m LIST          values of M [1,2,4,8,16,32,64,128,256]\n"
     "  --shapes LIST     NxK shapes of W, K a multiple of 8 [4096x4096,12288x4096,11008x4096,4096x11008]\n"
-    "  --kernel LIST     of gemv, flat, tile, cublas, auto [gemv,flat,tile,cublas,auto]\n"
+    "  --kernel LIST     of read_w, gemv, flat, tile, cublas, auto [read_w,gemv,flat,tile,cublas,auto]\n"
     "  --table FILE      the dataflow table auto reads (dataflow.hpp's format) [built-in default]\n"
     "  --tune FILE       time gemv, flat and tile, and split_kv_fused against the tensor-core decode kernel over\n"
     "                    1..16 packed rows, and write this GPU's inflection points into FILE (other rows kept)\n"
@@ -52,7 +54,8 @@ const char* kUsage =
     "  --iters N         timed runs, the median is reported [20]\n"
     "  --warmup N        untimed runs first [3]\n"
     "  --seed N          the inputs' seed [1]\n"
-    "  --csv FILE        append one row per run: gpu,kernel,m,n,k,ms,tflops,gbps_w,vs_cublas,max_abs_err,bound,auto\n"
+    "  --csv FILE        append one row per run:\n"
+    "                    gpu,kernel,m,n,k,ms,tflops,gbps_w,vs_cublas,vs_read_w,max_abs_err,bound,auto\n"
     "  --help, -h        this text\n";
 
 int to_int(const std::string& s, const std::string& flag, int min) {
@@ -101,10 +104,15 @@ void require_writable(const std::string& path, const std::string& flag) {
   if (!f) throw fa::UsageError(flag + " " + path + ": cannot write there");
 }
 
-// One kernel of the sweep: a registry kernel, cuBLAS, or auto (resolved per shape and M).
+// One kernel of the sweep: a registry kernel, read_w, cuBLAS, or auto (resolved per shape and M).
 struct Entry {
   std::string name;
-  const Kernel* kernel;  // nullptr: cuBLAS or auto
+  const Kernel* kernel;  // nullptr: read_w, cuBLAS or auto
+};
+// One timed run of the sweep, for the ratios and the CSV once every entry of (shape, M) has run.
+struct Timed {
+  std::string name, csv_head, csv_tail;  // the CSV row around vs_cublas and vs_read_w
+  double ms;
 };
 
 void cublas_check(cublasStatus_t s, const char* what) {
@@ -173,8 +181,8 @@ int main(int argc, char** argv) try {
     const Kernel* k = nullptr;
     for (const Kernel& r : kernels())
       if (name == r.name) k = &r;
-    if (!k && name != "cublas" && name != "auto")
-      throw fa::UsageError("--kernel " + name + ": no such kernel (gemv, flat, tile, cublas, auto)");
+    if (!k && name != "read_w" && name != "cublas" && name != "auto")
+      throw fa::UsageError("--kernel " + name + ": no such kernel (read_w, gemv, flat, tile, cublas, auto)");
     entries.push_back({name, k});
   }
   const Table table = f.table.empty() ? Table{} : read_table(f.table);
@@ -206,6 +214,8 @@ int main(int argc, char** argv) try {
     const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
     fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
     fa::DeviceBuffer<float> ws(ws_floats);
+    fa::DeviceBuffer<unsigned> checksum(1);  // read_w's XOR of W (XORed in: zeroed once, as initcheck asks)
+    checksum.zero();
     CUDA_CHECK(cudaMemcpy(x.get(), h.x.data(), h.x.size() * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(w.get(), h.w.data(), h.w.size() * 2, cudaMemcpyHostToDevice));
     std::vector<SweepPoint> sweep;
@@ -213,9 +223,21 @@ int main(int argc, char** argv) try {
       HostGemm hm{m, s.n, s.k, std::vector<fa::half_t>(h.x.begin(), h.x.begin() + size_t(m) * s.k), h.w};
       const Path pick = choose_gemm(table, gpu, m, s.n, s.k);
       SweepPoint point{m, 0, 0, 0};
-      double cublas_ms = 0;
-      std::vector<std::pair<std::string, double>> times;
+      double cublas_ms = 0, read_w_ms = 0;
+      std::vector<Timed> times;
       for (const Entry& e : entries) {
+        const double gbps_of_ms = 2.0 * s.n * s.k / 1e6;  // GB/s of W = this / ms
+        if (e.name == "read_w") {  // no Y: nothing to check
+          read_w_ms = fa::time_ms([&] { read_w::launch(w.get(), s.n, s.k, sms, checksum.get()); }, f.warmup,
+                                  f.iters);
+          std::printf("%6d %6d %5d %-7s %-6s %10.4f %9.1f %9s %9s  %s\n", s.n, s.k, m, "read_w", kernel_of(pick).name,
+                      read_w_ms, gbps_of_ms / read_w_ms, "-", "", "reads W only");
+          times.push_back({"read_w", gpu + ",read_w," + std::to_string(m) + "," + std::to_string(s.n) + "," +
+                                         std::to_string(s.k) + "," + std::to_string(read_w_ms) + ",0," +
+                                         std::to_string(gbps_of_ms / read_w_ms),
+                           ",,," + std::string(kernel_of(pick).name), read_w_ms});
+          continue;
+        }
         const Kernel* k = e.name == "auto" ? &kernel_of(pick) : e.kernel;
         Args a;
         a.m = m, a.n = s.n, a.k = s.k, a.x = x.get(), a.w = w.get(), a.y = y.get(), a.workspace = ws.get();
@@ -233,24 +255,32 @@ int main(int argc, char** argv) try {
         if (e.name == "gemv") point.gemv_ms = t;
         if (e.name == "flat") point.flat_ms = t;
         if (e.name == "tile") point.tile_ms = t;
-        times.push_back({e.name == "auto" ? std::string("auto:") + k->name : e.name, t});
-        const double gbps = 2.0 * s.n * s.k / (t * 1e6), tflops = 2.0 * m * s.n * s.k / (t * 1e9);
+        const double gbps = gbps_of_ms / t, tflops = 2.0 * m * s.n * s.k / (t * 1e9);
         std::printf("%6d %6d %5d %-7s %-6s %10.4f %9.1f %9.2f %9s  %s\n", s.n, s.k, m, e.name.c_str(),
                     kernel_of(pick).name, t, gbps, tflops, "", err.summary().c_str());
-        csv.push_back(gpu + "," + e.name + "," + std::to_string(m) + "," + std::to_string(s.n) + "," +
-                      std::to_string(s.k) + "," + std::to_string(t) + "," + std::to_string(tflops) + "," +
-                      std::to_string(gbps) + ",@," + std::to_string(err.max_abs) + "," + std::to_string(err.bound) +
-                      "," + kernel_of(pick).name);
+        times.push_back({e.name == "auto" ? std::string("auto:") + k->name : e.name,
+                         gpu + "," + e.name + "," + std::to_string(m) + "," + std::to_string(s.n) + "," +
+                             std::to_string(s.k) + "," + std::to_string(t) + "," + std::to_string(tflops) + "," +
+                             std::to_string(gbps),
+                         "," + std::to_string(err.max_abs) + "," + std::to_string(err.bound) + "," +
+                             kernel_of(pick).name,
+                         t});
       }
-      if (cublas_ms > 0) {  // the ratio to cuBLAS, once cuBLAS of the same (shape, M) is timed
+      // The ratios, once cuBLAS and read_w of the same (shape, M) are timed: speed as a multiple of cuBLAS's, and
+      // time as a share of the ceiling's (read_w's time over the kernel's: 100% = W streamed as fast as read_w).
+      if (cublas_ms > 0) {
         std::printf("%25s x cuBLAS:", "");
-        for (const auto& [name, t] : times) std::printf(" %s %.2f", name.c_str(), cublas_ms / t);
+        for (const Timed& r : times) std::printf(" %s %.2f", r.name.c_str(), cublas_ms / r.ms);
         std::printf("\n");
       }
-      for (size_t i = csv.size() - times.size(); i < csv.size(); ++i) {
-        const double ratio = cublas_ms > 0 ? cublas_ms / times[i - (csv.size() - times.size())].second : 0;
-        csv[i].replace(csv[i].find('@'), 1, cublas_ms > 0 ? std::to_string(ratio) : std::string(""));
+      if (read_w_ms > 0) {
+        std::printf("%25s %% of read_w:", "");
+        for (const Timed& r : times) std::printf(" %s %.0f", r.name.c_str(), 100 * read_w_ms / r.ms);
+        std::printf("\n");
       }
+      for (const Timed& r : times)
+        csv.push_back(r.csv_head + "," + (cublas_ms > 0 ? std::to_string(cublas_ms / r.ms) : "") + "," +
+                      (read_w_ms > 0 ? std::to_string(read_w_ms / r.ms) : "") + r.csv_tail);
       sweep.push_back(point);
     }
     if (!f.tune.empty()) tuned.push_back(inflection_row(gpu, s.n, s.k, sweep));
@@ -260,7 +290,7 @@ int main(int argc, char** argv) try {
   if (!f.csv.empty()) {
     const bool fresh = !std::ifstream(f.csv) || std::ifstream(f.csv).peek() == EOF;
     std::ofstream out(f.csv, std::ios::app);
-    if (fresh) out << "gpu,kernel,m,n,k,ms,tflops,gbps_w,vs_cublas,max_abs_err,bound,auto\n";
+    if (fresh) out << "gpu,kernel,m,n,k,ms,tflops,gbps_w,vs_cublas,vs_read_w,max_abs_err,bound,auto\n";
     for (const std::string& line : csv) out << line << "\n";
     if (!out) throw std::runtime_error("--csv " + f.csv + ": write failed");
   }

@@ -2,7 +2,8 @@
 // ldmatrix, mma.sync by the PTX ISA's rules; a cp.async destination NaN until the wait_group that lets it land;
 // shared memory garbage at every block), each through its own launch function, against fp64 with check.hpp's rule.
 // Shapes: M = 1, 3, 8, 9, 17 (a group of 8 and its tail; the tile's 64 rows), N and K that are not tile multiples
-// (a K long enough that the double buffer turns over several times), the flat GEMM with 1, 2 and 3 splits.
+// (a K long enough that the flat GEMM's 4 stages turn over several times), the flat GEMM with 1, 2, 3 and 5 splits
+// (its last block of a tile reducing them), and read_w's checksum (every word of W read once).
 #include <doctest/doctest.h>
 
 #include <string>
@@ -48,13 +49,38 @@ TEST_CASE("06 gemm emulated: gemv, flat and tile on ragged M, N, K vs fp64") {
     }
 }
 
-TEST_CASE("06 gemm emulated: the flat GEMM's split-K (1, 2, 3 pieces) and its reduction") {
-  const HostGemm h = make_inputs(9, 70, 520, 7);  // 5 K tiles of 128 (the last one 8 wide), cut 1, 2, 3 ways
-  for (int splits : {1, 2, 3}) {
+TEST_CASE("06 gemm emulated: the flat GEMM's split-K (1, 2, 3, 5 pieces) and its reduction in the last block") {
+  // 5 K tiles of 128 (the last one 8 wide), cut 1, 2, 3, 5 ways: pieces of 5, 2-3, 1-2, 1 tiles, fewer than the
+  // pipeline's stages and more; M = 9: two row groups, each with its own arrival counts.
+  const HostGemm h = make_inputs(9, 70, 520, 7);
+  for (int splits : {1, 2, 3, 5}) {
     INFO("splits ", splits);
     const GemmError e = run(h, flat::launch, splits);
     INFO(e.summary());
     CHECK(e.ok());
+  }
+  // A second launch on the same counters: each launch leaves them at zero.
+  CHECK(run(h, flat::launch, 3).ok());
+  // 16 K tiles, 2 splits: 8 tiles per piece, each stage refilled twice.
+  const HostGemm long_k = make_inputs(1, 64, 2048, 8);
+  CHECK(run(long_k, flat::launch, 2).ok());
+}
+
+TEST_CASE("06 gemm emulated: read_w reads every 32-bit word of W once (its XOR)") {
+  struct Case {
+    int n, k, sms;  // sms: read_w's grid is 8 blocks per SM, so 1 SM makes the grid-stride loop turn over
+  };
+  for (const Case& c : std::vector<Case>{{5, 8, 1}, {77, 136, 1}, {136, 392, 2}}) {
+    const int n = c.n, k = c.k, sms = c.sms;
+    const HostGemm h = make_inputs(1, n, k, 5);
+    unsigned want = 0;
+    for (size_t i = 0; i < h.w.size(); i += 2) want ^= unsigned(h.w[i].bits) | unsigned(h.w[i + 1].bits) << 16;
+    unsigned got = 0;
+    read_w::launch(reinterpret_cast<const __half*>(h.w.data()), n, k, sms, &got);
+    INFO("N ", n, ", K ", k, ", SMs ", sms);
+    CHECK(got == want);
+    read_w::launch(reinterpret_cast<const __half*>(h.w.data()), n, k, sms, &got);  // XORed in: twice gives 0
+    CHECK(got == 0u);
   }
 }
 
@@ -66,9 +92,13 @@ TEST_CASE("06 gemm: shapes the kernels refuse") {
   CHECK_THROWS(run(h, flat::launch, 2));
 }
 
-TEST_CASE("06 gemm: flat_splits fills the SMs when N alone does not") {
-  CHECK(flat_splits(1, 4096, 4096, 132) == 5);    // 64 blocks -> 5 pieces of 32 K tiles
-  CHECK(flat_splits(1, 12288, 4096, 132) == 2);   // 192 blocks
+TEST_CASE("06 gemm: flat_splits gives every SM a block when N alone does not") {
+  CHECK(flat_splits(1, 4096, 4096, 132) == 3);    // 64 blocks -> 192: every SM one, 60 of them two
+  CHECK(flat_splits(8, 4096, 4096, 132) == 3);    // M = 8 is still one row group
+  CHECK(flat_splits(16, 4096, 4096, 132) == 2);   // two row groups: 128 blocks -> 256
+  CHECK(flat_splits(1, 4096, 11008, 132) == 3);
+  CHECK(flat_splits(1, 12288, 4096, 132) == 1);   // 192 blocks: one wave at two blocks per SM
+  CHECK(flat_splits(1, 11008, 4096, 132) == 1);   // 172 blocks
   CHECK(flat_splits(1, 32768, 4096, 132) == 1);   // 512 blocks fill 132 SMs
   CHECK(flat_splits(1, 64, 256, 132) == 2);       // no more pieces than K tiles
   CHECK(flat_splits(1, 64, 1 << 20, 132) == kMaxSplits);

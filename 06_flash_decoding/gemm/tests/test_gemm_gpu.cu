@@ -1,8 +1,10 @@
 // Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on the emulated test's ragged
 // shapes (M = 1, 3, 8, 9, 17; N, K not tile multiples) and on one 7B-class shape per kernel, the flat GEMM with the
-// split-K that flat_splits picks for this GPU and with 3 splits forced. Y and the workspace are NaN-poisoned first.
+// split-K that flat_splits picks for this GPU and with 3 splits forced; read_w's checksum (every word of W read).
+// Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
 
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -66,5 +68,33 @@ TEST_CASE("06 gemm GPU: a 7B-class shape (N 4096, K 11008), sampled entries") {
       INFO(e.summary());
       CHECK(e.ok());
     }
+  }
+}
+
+TEST_CASE("06 gemm GPU: the flat GEMM's split-K, launch after launch on the same arrival counts") {
+  const HostGemm h = make_inputs(9, 4096, 4096, 5);
+  for (int splits : {2, 3, 5, 16, 3}) {
+    INFO("splits ", splits);
+    const GemmError e = run(h, flat::launch, splits, true);
+    INFO(e.summary());
+    CHECK(e.ok());
+  }
+}
+
+TEST_CASE("06 gemm GPU: read_w reads every 32-bit word of W once (its XOR)") {
+  for (const std::pair<int, int>& nk : std::vector<std::pair<int, int>>{{5, 8}, {77, 136}, {4096, 4096}, {4096, 11008}}) {
+    const int n = nk.first, k = nk.second;
+    const HostGemm h = make_inputs(1, n, k, 5);
+    unsigned want = 0;
+    for (size_t i = 0; i < h.w.size(); i += 2) want ^= unsigned(h.w[i].bits) | unsigned(h.w[i + 1].bits) << 16;
+    fa::DeviceBuffer<__half> w(h.w.size());
+    fa::DeviceBuffer<unsigned> sum(1);
+    CUDA_CHECK(cudaMemcpy(w.get(), h.w.data(), h.w.size() * 2, cudaMemcpyHostToDevice));
+    sum.zero();
+    read_w::launch(w.get(), n, k, sms(), sum.get());
+    unsigned got = 0;
+    CUDA_CHECK(cudaMemcpy(&got, sum.get(), 4, cudaMemcpyDeviceToHost));
+    INFO("N ", n, ", K ", k);
+    CHECK(got == want);
   }
 }

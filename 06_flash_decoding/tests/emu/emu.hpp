@@ -3,7 +3,7 @@
 // halves: the conversions the kernels call work on the CPU too), and what the steps write out in PTX or launch
 // (steps/async_ptx.cuh, steps/ready.cuh, whose include guards are defined here): the K/V copies become emulated
 // cp.async (the L2 policy is a hint and changes no value), the arrival count a plain add (blocks run one after
-// another), a launch runs the grid's blocks one after another in the order x, then y, then z.
+// another; atomicXor likewise), a launch runs the grid's blocks one after another in the order x, then y, then z.
 // "Device memory" is host memory: the test passes host pointers where the GPU program passes device ones.
 //
 // Include it first; then, in each translation unit that compiles a step file, FDEC_EMU_SHARED_MEMORY(namespace) before
@@ -29,6 +29,11 @@ inline float __ldcg(const float* p) { return *p; }
 inline int atomicAdd(int* p, int x) {  // one OS thread: nothing runs in between
   const int old = *p;
   *p = old + x;
+  return old;
+}
+inline unsigned atomicXor(unsigned* p, unsigned x) {
+  const unsigned old = *p;
+  *p = old ^ x;
   return old;
 }
 
