@@ -73,11 +73,11 @@ FA_HD uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
 #endif
 }
 
-// ---- 2^x on the FMA pipe (step 13: a share of the softmax's exponentials off the MUFU) ----
+// ---- 2^x on the FMA pipe (step 14: a share of the softmax's exponentials off the MUFU) ----
 // x = j + f with j = round(x), f in [-1/2, 1/2]: 2^f by a cubic (relative error 1.0e-4, far below e4m3's quantum
 // of 2^-3 that P is rounded to next), 2^j by adding j to the exponent field. Adding 1.5 x 2^23 rounds x to an
 // integer and leaves it, two's complement, in the low mantissa bits of t; shifted left by 23 those bits are j in
-// the exponent field (one LEA: (t << 23) + bits of 2^f). x is clamped at -127 first: there 2^f = 1 exactly and the
+// the exponent field (one integer multiply-add: t 2^23 + bits of 2^f). x is clamped at -127 first: there 2^f = 1 exactly and the
 // exponent field becomes 0, so x = -inf (a masked score) gives +0 exactly, as ex2.approx.ftz does; values just
 // above -127 give denormals below 2^-126, which e4m3 flushes anyway. Valid for x <= 127 (the softmax has x <= 8).
 FA_HD float exp2_poly(float x) {

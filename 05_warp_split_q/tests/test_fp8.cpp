@@ -34,7 +34,7 @@ TEST_CASE("e4m3: exact values, round to nearest even, saturation at 448, subnorm
                                             uint32_t(e4m3_bits(-1.f)) << 16));
 }
 
-TEST_CASE("exp2_poly (step 13's 2^x on the FMA pipe): relative error 1.1e-4 over the softmax's range, exact 0 and powers of two") {
+TEST_CASE("exp2_poly (step 14's 2^x on the FMA pipe): relative error 1.1e-4 over the softmax's range, exact 0 and powers of two") {
   double worst = 0.0;
   for (int i = 0; i <= 1340000; ++i) {  // x from -126 to 8 in steps of 1e-4: every fraction, every exponent
     const float x = -126.f + float(i) * 1e-4f;

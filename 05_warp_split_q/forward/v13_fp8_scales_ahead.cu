@@ -1,26 +1,25 @@
-// Step 13 (Hopper, sm_90a only): step 12 with a quarter of the softmax's exponentials computed on the FMA pipe.
-// Per tile of 128 x 128 scores an SM's MUFU (16 results per cycle) needs 16384 / 16 = 1024 cycles for the ex2 -
-// as long as the tensor cores need for the tile's two e4m3 products (8.4 MFLOP at 8192 per cycle). In step 12 a
-// warp's softmax issues its 64 MUFU.EX2 back to back, each holding its SMSP's MUFU for 8 cycles, while the
-// scheduler has little else to issue in those cycles; and when both consumer warpgroups are in their softmax at
-// once they queue on the same MUFU. Step 13 computes 2^x for the elements of every fourth n-tile of S (16 of a
-// thread's 64) with fp8::exp2_poly (hopper/fp8.hpp): round x to an integer j by adding 1.5 x 2^23, a cubic for
-// 2^(x - j), j added to the exponent field - a clamp, three FADD, three FFMA and one LEA, all on the FMA and ALU
-// pipes, issued in the cycles the MUFU keeps the warp waiting. The cubic's relative error (1.0e-4) is far below
-// the e4m3 rounding of P that follows. Everything else is step 12's: `diff v12_fp8_lean.cu v13_fp8_poly_exp2.cu`.
+// Step 13 (Hopper, sm_90a only): step 12 with the descales of K_j and V_j loaded one iteration ahead. Step 12 read
+// sk_j, sv_(j-1) and sv_j from global memory at the top of iteration j, meaning to hide the loads behind the waits
+// on the mbarriers and the turn barrier. But those waits are usually short (the buffers are full, the other
+// warpgroup has long arrived), and in its SASS the reciprocal for sv_(j-1) / sv_j, which ptxas places before the
+// first wgmma, waits for the load: every iteration the products were issued an L2 round trip (hundreds of cycles)
+// late, and with them the whole pingpong. Step 13 requests tile j + 1's descales at the top of iteration j and keeps
+// sv_(j-1) in a register: when iteration j + 1 uses them they have had a whole iteration to arrive, and the ratio
+// is computed after the products are issued. Three registers more; `diff v12_fp8_lean.cu v13_fp8_scales_ahead.cu`.
 //
 // Computes, for one Q block Q_i of Br = 128 rows, per consumer warpgroup, the lines of README Algorithm 1 in step
 // 10's order (iteration j does line 8 of tile j - 1):
 //   line 1     producer: TMA Q8_i (once); then K8_j, Vt8_j into buffer j % 3 once the consumers have freed them
 //   line 2     m_i = -inf, l_i = 0, O~_i = 0
 //   line 3     for each K/V block j
-//   line 4       load sk_j, sv_(j-1) / sv_j; wait full_k[j % 3] (and full_v of tile j - 1); wait for this turn
+//   line 4       request sk_(j+1), sv_(j+1) (sk_j, sv_j arrived during iteration j - 1); wait full_k[j % 3] (and
+//                full_v of tile j - 1); wait for this turn
 //   line 5       issue S_ij = Q8_i K8_j^T                         wgmma m64n128k32 e4m3, A and B from shared memory
 //   line 8 (j-1) issue O~_i += P8_i(j-1) V8_(j-1)                 wgmma m64n{d}k32 e4m3, A = P8 in registers
 //   lines 6-7    when S_ij is done: c = scale sq_i sk_j; m_new = max(m_i, c max S_ij) (min when c < 0);
-//                kPScale P_ij = exp2(c S_ij - m_new + 8) (one FFMA, then ex2 on the MUFU or, for n-tiles
-//                n % 4 == 3, exp2_poly on the FMA pipe); l_i += row sums
-//   line 8 (j)   when P V is done: O~_i *= exp2(m_i - m_new) sv_(j-1) / sv_j; P8_ij = e4m3(kPScale P_ij) packed
+//                kPScale P_ij = exp2(c S_ij - m_new + 8) (one FFMA, one ex2 each); l_i += row sums
+//   line 8 (j)   sv_(j-1) / sv_j once the products are issued; when P V is done: O~_i *= exp2(m_i - m_new)
+//                sv_(j-1) / sv_j; P8_ij = e4m3(kPScale P_ij) packed
 //   line 8 (last) after the loop: O~_i += P8_i(last) V8_last
 //   line 9     O_i = O~_i sv_last / l_i in bf16, L_i = (m_i + log2 l_i - 8) ln 2   (l_i = 0: O = 0, L = -inf)
 // Thread mapping as in step 10: consumer warpgroups 0 and 1 (rows 64 w .. 64 w + 63), producer warpgroup 2. P's
@@ -70,9 +69,6 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   return exp2f(x);
 #endif
 }
-// Every kPolyEvery-th n-tile of S takes its 2^x from the FMA pipe (exp2_poly, 8 instructions), the others from the
-// MUFU (1 instruction, 8 cycles of the MUFU): 4 moves a quarter of the MUFU's work into issue slots it left idle.
-constexpr int kPolyEvery = 4;
 static_assert(kRowsPerConsumer == 64, "a wgmma has M = 64: one consumer warpgroup per 64 rows");
 
 static_assert(fp8::kRowBytes == kRowBytes, "a quantised row is one 128-byte swizzle row: one TMA box, one panel");
@@ -221,11 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       #pragma unroll
       for (int n = 0; n < kTilesS; ++n)
         #pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          const float x = fmaf(s_acc[4 * n + e], c, bias);
-          // n is known at compile time: the choice costs nothing, each element is one or the other
-          sum += (s_acc[4 * n + e] = n % kPolyEvery == kPolyEvery - 1 ? fp8::exp2_poly(x) : ex2_ftz(x));
-        }
+        for (int e = 2 * r; e < 2 * r + 2; ++e) sum += (s_acc[4 * n + e] = ex2_ftz(fmaf(s_acc[4 * n + e], c, bias)));
       l[r] = alpha[r] * l[r] + sum;  // this lane's share of the row sum (of kPScale P); the 4 shares added at the end
       m[r] = m_new;
     }
@@ -254,9 +246,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     s_acc[fp8::a_from_c(kk, x, 2)], s_acc[fp8::a_from_c(kk, x, 3)]);
   };
 
+  // The descales travel one tile ahead: sk_next, sv_next are those of the tile after the current one (the last
+  // tile's again at the end: a valid index, no branch), sv_prev is sv_(j-1), kept from the iteration before.
+  float sk_next = 0.f, sv_next = 0.f, sv_prev = 0.f;
   if (n_tiles > 0) {  // tile 0: nothing to overlap with yet
     float alpha[2];
     const float sk_0 = sk[0];
+    sv_prev = sv[0];
+    sk_next = sk[min(1, n_tiles - 1)], sv_next = sv[min(1, n_tiles - 1)];
     mbar_wait(&full_k[0], 0);  // line 4
     named_bar_sync(my_turn, kConsumerThreads);
     wgmma_fence();
@@ -271,8 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int tile = 1; tile < n_tiles; ++tile) {  // line 3
     const int prev = tile - 1;  // the tile whose P V product this iteration issues
     float alpha[2];
-    // line 4: the descales first (a load's latency hidden behind the waits), then the buffers
-    const float sk_j = sk[tile], v_ratio = sv[prev] / sv[tile];
+    // line 4: this tile's descales (requested an iteration ago), the next tile's requested now, then the buffers
+    const float sk_j = sk_next, sv_j = sv_next;
+    sk_next = sk[min(tile + 1, n_tiles - 1)], sv_next = sv[min(tile + 1, n_tiles - 1)];
     mbar_wait(&full_k[tile % kStages], (tile / kStages) & 1);
     mbar_wait(&full_v[prev % kStages], (prev / kStages) & 1);
     named_bar_sync(my_turn, kConsumerThreads);
@@ -280,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_s(tile);
     issue_pv(prev);
     if (!(wg == 1 && tile == n_tiles - 1)) named_bar_arrive(other_turn, kConsumerThreads);
+    const float v_ratio = sv_prev / sv_j;  // from registers, behind the products just issued
     wgmma_wait<1>();  // S_ij is done (the older group); P V may still run
     fence_operands(s_acc);
     mbar_arrive(&empty_k[tile % kStages]);  // this thread is done with K_j
@@ -288,6 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_operands(acc);
     mbar_arrive(&empty_v[prev % kStages]);  // this thread is done with V_(j-1)
     rescale_and_pack(alpha, v_ratio);
+    sv_prev = sv_j;
   }
   if (n_tiles > 0) {  // line 8 of the last tile: its P V
     const int last = n_tiles - 1;
@@ -329,7 +329,7 @@ void run(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* ls
 
 }  // namespace
 
-void forward_v13_fp8_poly_exp2(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse) {
+void forward_v13_fp8_scales_ahead(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse) {
   if (p.head_dim == 64) run<64>(p, in, o, lse);
   else run<128>(p, in, o, lse);
 }
