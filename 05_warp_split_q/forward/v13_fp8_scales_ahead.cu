@@ -5,7 +5,7 @@
 // first wgmma, waits for the load: every iteration the products were issued an L2 round trip (hundreds of cycles)
 // late, and with them the whole pingpong. Step 13 requests tile j + 1's descales at the top of iteration j and keeps
 // sv_(j-1) in a register: when iteration j + 1 uses them they have had a whole iteration to arrive, and the ratio
-// is computed after the products are issued. Three registers more; `diff v12_fp8_lean.cu v13_fp8_scales_ahead.cu`.
+// is computed after the products are issued. `diff v12_fp8_lean.cu v13_fp8_scales_ahead.cu` is the lesson.
 //
 // Computes, for one Q block Q_i of Br = 128 rows, per consumer warpgroup, the lines of README Algorithm 1 in step
 // 10's order (iteration j does line 8 of tile j - 1):
