@@ -107,8 +107,9 @@ void check_supported(const fa::Problem& p) {
 }
 
 // ---- steps 11 and 12 (FP8) ----
-static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean"};
-static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean";
+static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead",
+                                                     "v14_fp8_poly_exp2"};
+static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead, v14_fp8_poly_exp2";
 
 const std::vector<Fp8Step>& fp8_steps() {
   static const std::vector<Fp8Step> steps = [] {
@@ -121,6 +122,10 @@ const std::vector<Fp8Step>& fp8_steps() {
                      forward_v11_fp8, "fp8", fa::Arch::sm90a});
       all.push_back({kFp8StepNames[1], "FP8, leaner softmax: scale and max in one FFMA, ex2.ftz, kPScale in the exponent, 3 K/V buffers",
                      forward_v12_fp8_lean, "fp8", fa::Arch::sm90a});
+      all.push_back({kFp8StepNames[2], "FP8, the descales of K and V loaded one tile ahead: the products no longer wait for them",
+                     forward_v13_fp8_scales_ahead, "fp8", fa::Arch::sm90a});
+      all.push_back({kFp8StepNames[3], "FP8, a quarter of the softmax's 2^x on the FMA pipe (a cubic) instead of the MUFU",
+                     forward_v14_fp8_poly_exp2, "fp8", fa::Arch::sm90a});
     }
 #endif
     return all;

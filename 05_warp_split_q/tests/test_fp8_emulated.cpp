@@ -1,4 +1,4 @@
-// Steps 11 and 12 themselves (forward/v11_fp8.cu, forward/v12_fp8_lean.cu), run on the CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// Steps 11 to 14 themselves (forward/v11_fp8.cu, forward/v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_poly_exp2.cu), run on the CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
 // tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
 // model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
 // rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
@@ -49,6 +49,8 @@ void check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, do
 void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0) {
   check_one("v11_fp8", wsq::forward_v11_fp8, p, o, qk_stddev, outliers);
   check_one("v12_fp8_lean", wsq::forward_v12_fp8_lean, p, o, qk_stddev, outliers);
+  check_one("v13_fp8_scales_ahead", wsq::forward_v13_fp8_scales_ahead, p, o, qk_stddev, outliers);
+  check_one("v14_fp8_poly_exp2", wsq::forward_v14_fp8_poly_exp2, p, o, qk_stddev, outliers);
 }
 
 }  // namespace

@@ -1,0 +1,347 @@
+// Step 14 (Hopper, sm_90a only): step 13 with a quarter of the softmax's exponentials computed on the FMA pipe.
+// Per tile of 128 x 128 scores an SM's MUFU (16 results per cycle) needs 16384 / 16 = 1024 cycles for the ex2 -
+// as long as the tensor cores need for the tile's two e4m3 products (8.4 MFLOP at 8192 per cycle). In step 13 a
+// warp's softmax issues its 64 MUFU.EX2 back to back, each holding its SMSP's MUFU for 8 cycles, while the
+// scheduler has little else to issue in those cycles; and when both consumer warpgroups are in their softmax at
+// once they queue on the same MUFU. Step 14 computes 2^x for the elements of every fourth n-tile of S (16 of a
+// thread's 64) with fp8::exp2_poly (hopper/fp8.hpp): round x to an integer j by adding 1.5 x 2^23, a cubic for
+// 2^(x - j), j added to the exponent field - a clamp, three FADD, three FFMA and one IMAD, all on the FMA and ALU
+// pipes, issued in the cycles the MUFU keeps the warp waiting. The cubic's relative error (1.0e-4) is far below
+// the e4m3 rounding of P that follows. Everything else is step 13's: `diff v13_fp8_scales_ahead.cu v14_fp8_poly_exp2.cu`.
+//
+// Computes, for one Q block Q_i of Br = 128 rows, per consumer warpgroup, the lines of README Algorithm 1 in step
+// 10's order (iteration j does line 8 of tile j - 1):
+//   line 1     producer: TMA Q8_i (once); then K8_j, Vt8_j into buffer j % 3 once the consumers have freed them
+//   line 2     m_i = -inf, l_i = 0, O~_i = 0
+//   line 3     for each K/V block j
+//   line 4       request sk_(j+1), sv_(j+1) (sk_j, sv_j arrived during iteration j - 1); wait full_k[j % 3] (and
+//                full_v of tile j - 1); wait for this turn
+//   line 5       issue S_ij = Q8_i K8_j^T                         wgmma m64n128k32 e4m3, A and B from shared memory
+//   line 8 (j-1) issue O~_i += P8_i(j-1) V8_(j-1)                 wgmma m64n{d}k32 e4m3, A = P8 in registers
+//   lines 6-7    when S_ij is done: c = scale sq_i sk_j; m_new = max(m_i, c max S_ij) (min when c < 0);
+//                kPScale P_ij = exp2(c S_ij - m_new + 8) (one FFMA, then ex2 on the MUFU or, for n-tiles
+//                n % 4 == 3, exp2_poly on the FMA pipe); l_i += row sums
+//   line 8 (j)   sv_(j-1) / sv_j once the products are issued; when P V is done: O~_i *= exp2(m_i - m_new)
+//                sv_(j-1) / sv_j; P8_ij = e4m3(kPScale P_ij) packed
+//   line 8 (last) after the loop: O~_i += P8_i(last) V8_last
+//   line 9     O_i = O~_i sv_last / l_i in bf16, L_i = (m_i + log2 l_i - 8) ln 2   (l_i = 0: O = 0, L = -inf)
+// Thread mapping as in step 10: consumer warpgroups 0 and 1 (rows 64 w .. 64 w + 63), producer warpgroup 2. P's
+// packing into A fragments and V's key order are step 11's (hopper/fp8.hpp: key_at, a_from_c).
+// Shared memory: Q8_i 128 rows, 3 buffers of K8_j 128 rows, each 128 bytes a row (d = 64 rows padded), and 3 of
+// Vt8_j, d rows of 128 keys: (128 + 3 x 128 + 3 d) x 128 B = 88 KiB (d = 64), 112 KiB (d = 128), plus 13 mbarriers.
+#include <type_traits>
+
+#include "launch.cuh"
+#include "tc.cuh"
+#include "steps.hpp"
+#include "hopper/tma_host.cuh"
+#include "hopper/wgmma.cuh"
+#include "hopper/fp8.hpp"
+
+namespace wsq {
+namespace {
+
+using namespace sm90;
+
+constexpr int Br = fp8::kBlockRows, Bc = fp8::kBlockRows;  // the tiles are the scale blocks: one sq_i, one sk_j, sv_j
+constexpr int kK = 32;                   // e4m3 wgmma: k = 32 (32 bytes of a row) per instruction
+constexpr int kConsumers = 2;            // consumer warpgroups
+constexpr int kRowsPerConsumer = Br / kConsumers;
+constexpr int kConsumerThreads = 128 * kConsumers;
+constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (warpgroup 2)
+// Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. The
+// block starts with 384 x 168 = 64,512 registers and keeps that total: 128 x 40 + 256 x 232 = 64,512.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // what __launch_bounds__(kThreads, 1) gives each thread
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+              "setmaxnreg only moves registers the block already holds: more would make the consumers wait forever");
+constexpr int kStages = 3;               // K/V buffers: the tile being computed and two being loaded
+constexpr int kTurnBarrier = 1;         // named barriers 1 and 2 (0 is __syncthreads')
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr float kPScaleLog2 = 8.f;       // kPScale = 2^8, added to the exponent instead of multiplied into P
+static_assert(fp8::kPScale == 256.f, "kPScaleLog2 is log2(kPScale)");
+
+// 2^x with the MUFU.EX2 alone: exp2f (no flush-to-zero) wraps it in a compare and two predicated multiplies for
+// results below 2^-126, which here are P values far under e4m3's smallest (2^-9 / kPScale). The CPU emulation: exp2f.
+__device__ __forceinline__ float ex2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+// Every kPolyEvery-th n-tile of S takes its 2^x from the FMA pipe (exp2_poly, 8 instructions), the others from the
+// MUFU (1 instruction, 8 cycles of the MUFU): 4 moves a quarter of the MUFU's work into issue slots it left idle.
+constexpr int kPolyEvery = 4;
+static_assert(kRowsPerConsumer == 64, "a wgmma has M = 64: one consumer warpgroup per 64 rows");
+
+static_assert(fp8::kRowBytes == kRowBytes, "a quantised row is one 128-byte swizzle row: one TMA box, one panel");
+
+// Shared memory, in order: Q8, K8 buffers, Vt8 buffers (each a multiple of 1024 bytes: every panel starts on a
+// swizzle-atom boundary), then the mbarriers. One panel each: a row of Q8 or K8 (d <= 128 bytes), a row of Vt8
+// (Bc = 128 keys) fits one 128-byte swizzle row.
+template <int D>
+struct Layout {
+  static constexpr uint32_t q_bytes = Br * kRowBytes, k_tile_bytes = Bc * kRowBytes, v_tile_bytes = D * kRowBytes;
+  static constexpr size_t bytes =
+      q_bytes + kStages * (k_tile_bytes + v_tile_bytes) + (1 + 4 * kStages) * sizeof(uint64_t);
+  static constexpr size_t alloc = bytes + kAtomBytes;  // slack to round the dynamic base up to 1024 bytes
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+           const __grid_constant__ CUtensorMap tm_v, fa::Problem p, fp8::Scales sc, T* __restrict__ o,
+           float* __restrict__ lse) {
+  using L = Layout<D>;
+  constexpr int kStepsQK = D / kK;    // k-steps of S = Q K^T (d = 64: the first 64 bytes of each 128-byte row)
+  constexpr int kTilesS = Bc / 8;     // n-tiles (8 keys) of S: S holds 4 kTilesS floats per thread
+  constexpr int kStepsPV = Bc / kK;   // k-steps of O += P V
+  constexpr int kTilesO = D / 8;      // n-tiles (8 columns) of O~
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) / kAtomBytes * kAtomBytes);
+  unsigned char* Qs = smem;
+  unsigned char* Ks = Qs + L::q_bytes;                     // kStages buffers of Bc rows
+  unsigned char* Vs = Ks + kStages * L::k_tile_bytes;      // kStages buffers of D rows (Vt: keys along a row)
+  uint64_t* full_q = reinterpret_cast<uint64_t*>(Vs + kStages * L::v_tile_bytes);
+  uint64_t* full_k = full_q + 1;        // [kStages]
+  uint64_t* full_v = full_k + kStages;  // [kStages]
+  uint64_t* empty_k = full_v + kStages; // [kStages]
+  uint64_t* empty_v = empty_k + kStages; // [kStages]
+
+  const int i0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
+  const int kv_end = p.visible_keys(min(i0 + Br, p.q_len) - 1);  // causal: blocks past the diagonal skipped
+  const int n_tiles = (kv_end + Bc - 1) / Bc;
+  // The warpgroup index read through a shuffle: ptxas then knows it is the same in every lane, so the consumer
+  // branch is not "divergent" (wgmma in a path ptxas thinks divergent gets serialised, warning C7520).
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    mbar_init(full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full_k[s], 1), mbar_init(&full_v[s], 1);  // the producer's arrive + the copy's bytes
+      mbar_init(&empty_k[s], kConsumerThreads), mbar_init(&empty_v[s], kConsumerThreads);  // every consumer thread
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();  // the only block-wide barrier: afterwards producer and consumers meet only at mbarriers
+
+  if (wg == kConsumers) {  // the producer warpgroup
+    setmaxnreg_dec<kProducerRegs>();
+    if (warp % 4 != 0 || lane != 0) return;
+    // line 1: Q8_i once. The maps describe each 128-byte row as 64 16-bit columns: TMA moves bytes.
+    mbar_arrive_expect_tx(full_q, L::q_bytes);
+    tma_load_3d(Qs, &tm_q, full_q, 0, i0, b * p.heads + h);
+    const int plane = b * p.kv_heads + p.kv_head_of(h);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int s = tile % kStages, round = tile / kStages;
+      mbar_wait(&empty_k[s], (round & 1) ^ 1);  // round r reuses buffer s after the consumers' release r - 1
+      mbar_arrive_expect_tx(&full_k[s], L::k_tile_bytes);
+      tma_load_3d(Ks + s * L::k_tile_bytes, &tm_k, &full_k[s], 0, tile * Bc, plane);
+      mbar_wait(&empty_v[s], (round & 1) ^ 1);
+      mbar_arrive_expect_tx(&full_v[s], L::v_tile_bytes);  // Vt8 rows 0 .. D - 1, keys tile * Bc .. + 127
+      tma_load_3d(Vs + s * L::v_tile_bytes, &tm_v, &full_v[s], tile * Bc / 2, 0, plane);
+    }
+    return;
+  }
+
+  // Consumers. Warpgroup wg owns rows 64 wg .. 64 wg + 63; this thread rows r0 and r0 + 8 of the block.
+  setmaxnreg_inc<kConsumerRegs>();
+  const int g = frag::group(lane), t = frag::thread_in_group(lane);
+  const int r0 = kRowsPerConsumer * wg + 16 * (warp % 4) + g;
+  const unsigned char* Qs_wg = Qs + kRowsPerConsumer * wg * kRowBytes;  // its 64 rows (8 atoms)
+  const int plane = b * p.kv_heads + p.kv_head_of(h), tiles_k = fp8::tiles(p.kv_len);
+  const float* sk = sc.k + size_t(plane) * tiles_k;  // the descales of K_j and V_j, per tile
+  const float* sv = sc.v + size_t(plane) * tiles_k;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2
+  float acc[D / 2] = {}, s_acc[Bc / 2] = {};                // O~ (m64nD C fragment) and S (m64n128)
+  // S in base-2 units, Q's descale folded in (K's per tile, in softmax()).
+  const float scale_log2 = p.softmax_scale() * kLog2e * sc.q[size_t(b * p.heads + h) * fp8::tiles(p.q_len) + blockIdx.x];
+  mbar_wait(full_q, 0);
+
+  // The turn barriers: warpgroup w waits on kTurnBarrier + w before issuing its products and then arrives on the other's.
+  // Warpgroup 1 arrives once up front, so warpgroup 0 goes first; its last arrive is left out (nobody waits).
+  const int my_turn = kTurnBarrier + wg, other_turn = kTurnBarrier + 1 - wg;
+  if (wg == 1 && n_tiles > 0) named_bar_arrive(other_turn, kConsumerThreads);
+
+  uint32_t pf[kStepsPV][4];  // P8_i(j-1) as A fragments (4 e4m3 a register): read by the P V issued in iteration j
+  // line 5: S_ij = Q8_i K8_j^T; k32 step kk reads bytes 32 kk .. 32 kk + 31 of each row: the same 32-byte steps
+  // through a 128-byte row as step 10's k16 steps of 16-bit values (sm90_layout.hpp: k_major_step).
+  auto issue_s = [&](int tile) {
+    const unsigned char* Ks_j = Ks + (tile % kStages) * L::k_tile_bytes;
+    #pragma unroll
+    for (int kk = 0; kk < kStepsQK; ++kk)
+      wgmma_ss_n128_e4m3(s_acc, desc_k_major(Qs_wg + k_major_step(kk, Br)), desc_k_major(Ks_j + k_major_step(kk, Bc)),
+                         kk > 0);
+    wgmma_commit();
+  };
+  // O~ += P8 Vt8_tile^T from buffer tile % 2: B = Vt rows 0 .. D - 1 (n), keys 32 kk .. 32 kk + 31 (k): K-major.
+  auto issue_pv = [&](int tile) {
+    const unsigned char* Vs_j = Vs + (tile % kStages) * L::v_tile_bytes;
+    #pragma unroll
+    for (int kk = 0; kk < kStepsPV; ++kk) wgmma_rs_e4m3<D>(acc, pf[kk], desc_k_major(Vs_j + k_major_step(kk, D)));
+    wgmma_commit();
+  };
+  // lines 6-7 for tile j, c = scale_log2 sk_j: mask, m_new, kPScale P_ij = exp2(c S_ij - m_new + 8) in place of
+  // S, l_i; alpha = exp2(m_i - m_new) per row. `positive` (c > 0) picks max or min of the unscaled S: c max S =
+  // max c S when c > 0, c min S when c < 0 (rounding is monotonic: the same float either way). Called as two
+  // instantiations behind one uniform branch per tile, so no element pays for the choice.
+  auto softmax = [&](int tile, float c, float (&alpha)[2], auto positive) {
+    constexpr bool kPositive = decltype(positive)::value;
+    const int j0 = tile * Bc;
+    // S's C fragment: n-tile n, element e -> row r0 + 8 (e / 2), key j0 + 8 n + 2 t + e % 2. Only a tile that
+    // crosses the causal diagonal or the end of the keys needs the per-element test, behind one branch per tile.
+    // A masked score is the value c turns into -inf: -inf for c > 0, +inf for c < 0.
+    const bool need_mask = j0 + Bc > p.kv_len || (p.causal && j0 + Bc - 1 > i0 + p.causal_shift());
+    if (need_mask) {
+      #pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!p.visible(i0 + r0 + 8 * (e / 2), j0 + 8 * n + 2 * t + e % 2))
+            s_acc[4 * n + e] = kPositive ? -INFINITY : INFINITY;
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {  // row r0 + 8r; the 4 lanes of a group share the row
+      float ext = kPositive ? -INFINITY : INFINITY;  // the largest (c > 0) or smallest (c < 0) unscaled score
+      #pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+        ext = kPositive ? fmaxf(ext, fmaxf(s_acc[4 * n + 2 * r], s_acc[4 * n + 2 * r + 1]))
+                        : fminf(ext, fminf(s_acc[4 * n + 2 * r], s_acc[4 * n + 2 * r + 1]));
+      ext = kPositive ? quad_max(ext) : -quad_max(-ext);
+      const float m_new = fmaxf(m[r], c * ext);  // c ext = -inf when the row has no key in this tile
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp2(-inf) = 0
+      alpha[r] = ex2_ftz(m[r] - m_use);
+      const float bias = kPScaleLog2 - m_use;
+      float sum = 0.f;
+      #pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+        #pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          const float x = fmaf(s_acc[4 * n + e], c, bias);
+          // n is known at compile time: the choice costs nothing, each element is one or the other
+          sum += (s_acc[4 * n + e] = n % kPolyEvery == kPolyEvery - 1 ? fp8::exp2_poly(x) : ex2_ftz(x));
+        }
+      l[r] = alpha[r] * l[r] + sum;  // this lane's share of the row sum (of kPScale P); the 4 shares added at the end
+      m[r] = m_new;
+    }
+  };
+  auto softmax_tile = [&](int tile, float sk_j, float (&alpha)[2]) {
+    const float c = scale_log2 * sk_j;  // the descales of Q_i and K_j folded into the softmax scale
+    if (c > 0.f) softmax(tile, c, alpha, std::true_type{});
+    else softmax(tile, c, alpha, std::false_type{});
+  };
+  // line 8's rescale (once the P V product in flight is done): O~ *= alpha sv_(j-1) / sv_j (O~ counts in units of
+  // the newest V tile's scale), and kPScale P_ij (already scaled: the + 8 in the exponent) -> e4m3 A fragments:
+  // A register x, byte i of k32 step kk takes the accumulator a_from_c(kk, x, i) (hopper/fp8.hpp; the keys it
+  // holds are the ones Vt8 stores at that position). All of P is packed before the next wgmma: a register written
+  // between two wgmma would make ptxas wait.
+  auto rescale_and_pack = [&](const float (&alpha)[2], float v_ratio) {
+    const float f[2] = {alpha[0] * v_ratio, alpha[1] * v_ratio};
+    #pragma unroll
+    for (int n = 0; n < kTilesO; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[4 * n + e] *= f[e / 2];
+    #pragma unroll
+    for (int kk = 0; kk < kStepsPV; ++kk)
+      #pragma unroll
+      for (int x = 0; x < 4; ++x)
+        pf[kk][x] = fp8::pack4_e4m3(s_acc[fp8::a_from_c(kk, x, 0)], s_acc[fp8::a_from_c(kk, x, 1)],
+                                    s_acc[fp8::a_from_c(kk, x, 2)], s_acc[fp8::a_from_c(kk, x, 3)]);
+  };
+
+  // The descales travel one tile ahead: sk_next, sv_next are those of the tile after the current one (the last
+  // tile's again at the end: a valid index, no branch), sv_prev is sv_(j-1), kept from the iteration before.
+  float sk_next = 0.f, sv_next = 0.f, sv_prev = 0.f;
+  if (n_tiles > 0) {  // tile 0: nothing to overlap with yet
+    float alpha[2];
+    const float sk_0 = sk[0];
+    sv_prev = sv[0];
+    sk_next = sk[min(1, n_tiles - 1)], sv_next = sv[min(1, n_tiles - 1)];
+    mbar_wait(&full_k[0], 0);  // line 4
+    named_bar_sync(my_turn, kConsumerThreads);
+    wgmma_fence();
+    issue_s(0);
+    if (!(wg == 1 && n_tiles == 1)) named_bar_arrive(other_turn, kConsumerThreads);
+    wgmma_wait<0>();
+    fence_operands(s_acc);
+    mbar_arrive(&empty_k[0]);
+    softmax_tile(0, sk_0, alpha);
+    rescale_and_pack(alpha, 1.f);  // O~ is still 0
+  }
+  for (int tile = 1; tile < n_tiles; ++tile) {  // line 3
+    const int prev = tile - 1;  // the tile whose P V product this iteration issues
+    float alpha[2];
+    // line 4: this tile's descales (requested an iteration ago), the next tile's requested now, then the buffers
+    const float sk_j = sk_next, sv_j = sv_next;
+    sk_next = sk[min(tile + 1, n_tiles - 1)], sv_next = sv[min(tile + 1, n_tiles - 1)];
+    mbar_wait(&full_k[tile % kStages], (tile / kStages) & 1);
+    mbar_wait(&full_v[prev % kStages], (prev / kStages) & 1);
+    named_bar_sync(my_turn, kConsumerThreads);
+    wgmma_fence();  // line 5: S_ij, and O~ += P_i(j-1) V_(j-1) right behind it
+    issue_s(tile);
+    issue_pv(prev);
+    if (!(wg == 1 && tile == n_tiles - 1)) named_bar_arrive(other_turn, kConsumerThreads);
+    const float v_ratio = sv_prev / sv_j;  // from registers, behind the products just issued
+    wgmma_wait<1>();  // S_ij is done (the older group); P V may still run
+    fence_operands(s_acc);
+    mbar_arrive(&empty_k[tile % kStages]);  // this thread is done with K_j
+    softmax_tile(tile, sk_j, alpha);        // lines 6-7, while P V runs
+    wgmma_wait<0>();                        // line 8's rescale
+    fence_operands(acc);
+    mbar_arrive(&empty_v[prev % kStages]);  // this thread is done with V_(j-1)
+    rescale_and_pack(alpha, v_ratio);
+    sv_prev = sv_j;
+  }
+  if (n_tiles > 0) {  // line 8 of the last tile: its P V
+    const int last = n_tiles - 1;
+    mbar_wait(&full_v[last % kStages], (last / kStages) & 1);
+    wgmma_fence();
+    issue_pv(last);
+    wgmma_wait<0>();
+    fence_operands(acc);
+  }
+
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {  // line 9
+    const float l_row = quad_sum(l[r]);
+    const float inv_l = l_row > 0.f ? sv[n_tiles - 1] / l_row : 0.f;  // V's descale; l_row counts kPScale P
+    const int i = i0 + r0 + 8 * r;
+    if (i >= p.q_len) continue;
+    T* O = o + p.q_offset(b, h) + size_t(i) * D;
+    #pragma unroll
+    for (int n = 0; n < kTilesO; ++n)
+      *reinterpret_cast<uint32_t*>(O + 8 * n + 2 * t) = pack2<T>(acc[4 * n + 2 * r] * inv_l, acc[4 * n + 2 * r + 1] * inv_l);
+    if (t == 0) lse[p.lse_offset(b, h) + i] = l_row > 0.f ? (m[r] + log2f(l_row) - kPScaleLog2) * kLn2 : -INFINITY;
+  }
+}
+
+template <int D>
+void run(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse) {
+  using T = fa::bfloat16_t;
+  using Tc = typename fa::CudaType<T>::type;
+  // Each 128-byte row described as 64 16-bit values: TMA copies bytes, and the maps and the swizzle are step 10's.
+  auto bytes = [](const uint8_t* x) { return reinterpret_cast<const fa::half_t*>(x); };
+  constexpr int kCols = fp8::kRowBytes / 2;
+  const CUtensorMap tm_q = tensor_map(bytes(in.q), kCols, p.q_len, p.batch * p.heads, Br);
+  const CUtensorMap tm_k = tensor_map(bytes(in.k), kCols, p.kv_len, p.batch * p.kv_heads, Bc);
+  const CUtensorMap tm_v = tensor_map(bytes(in.vt), fp8::padded_keys(p.kv_len) / 2, D, p.batch * p.kv_heads, D);
+  const dim3 grid((p.q_len + Br - 1) / Br, p.heads, p.batch);
+  launch_tma_fp8<Tc>(kernel<Tc, D>, grid, kThreads, Layout<D>::alloc, tm_q, tm_k, tm_v, p, {in.sq, in.sk, in.sv},
+                     fa::cuda_ptr(o), lse);
+}
+
+}  // namespace
+
+void forward_v14_fp8_poly_exp2(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse) {
+  if (p.head_dim == 64) run<64>(p, in, o, lse);
+  else run<128>(p, in, o, lse);
+}
+
+}  // namespace wsq
