@@ -2,13 +2,17 @@
 // leaves dQ to a second kernel (bwd_dq.cu) that recomputes S_ij and P_ij for every Q block: most of a second pass.
 // The atomic mode's dQ is not deterministic only because the K/V blocks' reduce-adds into a dQ tile happen in
 // whatever order the blocks get there, and fp32 addition is not associative. FlashAttention-3 fixes that order
-// instead: the K/V blocks add their shares of dQ tile i in ascending j, so every run performs the same additions in
-// the same order and dQ is bit-identical run to run, at the price of some waiting.
+// instead: the K/V blocks add their shares of each dQ tile in a fixed order of j, so every run performs the same
+// additions in the same order and dQ is bit-identical run to run, at the price of some waiting.
 //   counters:  one int per (batch, query head, Q block) in the workspace, zeroed by the launch: how many K/V blocks
-//              have added their share of that tile. The K/V blocks that add to tile i are a prefix j = 0 .. J(i) of
-//              the kv head's blocks (causal: block j starts at the first Q block that sees key j0, which grows with
-//              j; GQA: each query head of the group has its own dQ rows, so its own counters), so block j's turn at
-//              tile i is when the counter reads j.
+//              have added their share of that tile. The K/V blocks that add to Q block i are a prefix
+//              j = 0 .. adders - 1 of the kv head's blocks (causal: block j starts at the first Q block that sees
+//              key j0, which grows with j; adders = the blocks holding a key that the tile's last row sees). GQA:
+//              each query head of the group has its own dQ rows, so its own counters.
+//   the order: descending j: block j's turn at tile i comes when the counter reads adders - 1 - j. Causal, block
+//              j + 1 starts two Q blocks later than block j, so it reaches every tile they share two tiles sooner:
+//              in this order the turns come about when the blocks get there (ascending j, every block would wait
+//              for block 0, which has the most tiles before each one).
 //   writer:    lane 0 waits for the turn (dq_order_wait: acquire loads in a loop, then a proxy fence so its bulk
 //              copies come after what it saw), issues the tile's reduce-adds, waits for them to COMPLETE
 //              (bulk_wait<0>: .read would only say the source was read, not that the additions are in global memory),
@@ -17,8 +21,9 @@
 //   the last, partial Q block: its share goes through the shared tile too, in ROWS (step 11's layout, 64 floats a
 //              row and region), and the writer adds it with one 256-byte reduce-add per row and region, in turn
 //              like the whole tiles. Step 12's float2 atomics from 256 threads could not wait for a turn.
-//   no deadlock: block j waits only for blocks j' < j of the same (kv head, batch), which have lower linear block
-//              indices (grid x = j) and are launched first; the lowest unfinished block has no one left to wait for.
+//   no deadlock: the grid runs j downwards (blockIdx.x = number of K/V blocks - 1 - j), so block j waits only for
+//              blocks of the same (kv head, batch) with lower linear block indices, launched before it; the lowest
+//              unfinished block has no one left to wait for.
 // The atomic mode is step 12's (no counters, the partial block by atomics).
 //
 // BACKWARD.md, Algorithm B, with the block's lines:
@@ -113,7 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = full_kv + 1;       // [kStages]: Q_i, dO_i, L_i, D_i of buffer s are there
   uint64_t* empty = full + kStages;   // [kStages]: every MMA thread is done with buffer s
 
-  const int j0 = blockIdx.x * Bc, hk = blockIdx.y, b = blockIdx.z;
+  // Ordered: the blocks of a (kv head, batch) are launched in descending j, the order they add dQ in (below).
+  const int kv_blocks = (p.kv_len + Bc - 1) / Bc;
+  const int jb = kOrdered ? kv_blocks - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int j0 = jb * Bc, hk = blockIdx.y, b = blockIdx.z;
   const int i_first = p.first_query_seeing(j0) / Br * Br;  // causal: the Q blocks before it see no key of the block
   const int q_tiles = i_first < p.q_len ? (p.q_len - i_first + Br - 1) / Br : 0;
   const int n_tiles = p.group() * q_tiles;  // (query head, Q block) pairs, head-major
@@ -143,7 +151,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         int* turn = dq_order + (size_t(b) * p.heads + h) * q_blocks + i0 / Br;  // (ordered) tile (b, h, i)'s counter
         named_bar_sync(kBarDqFull + x, kDqHandover);
         if (lane == 0) {
-          if constexpr (kOrdered) dq_order_wait(turn, blockIdx.x);  // blocks 0 .. j - 1 have added theirs
+          if constexpr (kOrdered) {  // the blocks that add to this tile: 0 .. adders - 1; those above jb go first
+            const int adders = (p.visible_keys(min(i0 + Br, p.q_len) - 1) + Bc - 1) / Bc;
+            dq_order_wait(turn, adders - 1 - jb);
+          }
           if (i0 + Br <= p.q_len) {  // a whole Q block: its range of dq, in fragment order
             for (int w = 0; w < kMma; ++w)
               bulk_reduce_add(dq + p.q_offset(b, h) + size_t(i0) * D + kRegionFloats * (w % kPanels),
@@ -377,8 +388,8 @@ void run(const fa::Problem& p, const T* q, const T* k, const T* v, const float* 
   const CUtensorMap tm_do = tensor_map(dout, D, p.q_len, p.batch * p.heads, Br);
   const CUtensorMap tm_k = tensor_map(k, D, p.kv_len, p.batch * p.kv_heads, Bc);
   const CUtensorMap tm_v = tensor_map(v, D, p.kv_len, p.batch * p.kv_heads, Bc);
-  // Block (j, kv head, batch) has linear index j + grid.x (kv head + kv_heads batch): the blocks of one (kv head,
-  // batch) are launched in ascending j, and block j waits only for lower j.
+  // Block (x, kv head, batch) has linear index x + grid.x (kv head + kv_heads batch): the blocks of one (kv head,
+  // batch) are launched in ascending x, which the ordered mode maps to descending j, the order of its turns.
   const dim3 grid((p.kv_len + Bc - 1) / Bc, p.kv_heads, p.batch);
   launch_sm90(dq_order ? kv_kernel<Tc, D, true> : kv_kernel<Tc, D, false>, grid, kThreads, Layout<D>::alloc, tm_q,
               tm_k, tm_v, tm_do, p, lse, Dv, dq, dk, dv, dq_order);
