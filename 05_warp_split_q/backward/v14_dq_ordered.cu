@@ -18,6 +18,9 @@
 //              (bulk_wait<0>: .read would only say the source was read, not that the additions are in global memory),
 //              then moves the counter on (dq_order_release: a proxy fence, then a release add). Each tile is then
 //              free at once: its buffer goes back to the MMA warpgroups right after the wait.
+//   d = 64:    both warpgroups' regions are shares of the same dQ elements; two reduce-adds to the same addresses
+//              need not add in the order they were issued, so the writer warp sums region 1 into region 0 first
+//              (32 lanes, float4) and adds the sum with one copy.
 //   the last, partial Q block: its share goes through the shared tile too, in ROWS (step 11's layout, 64 floats a
 //              row and region), and the writer adds it with one 256-byte reduce-add per row and region, in turn
 //              like the whole tiles. Step 12's float2 atomics from 256 threads could not wait for a turn.
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dQ_i = dS K_j split over the MMA warpgroups: at d = 128 warpgroup w makes column panel w over all Bc keys; at
   // d = 64 (one panel) warpgroup w makes the panel's share of its own 64 keys, and both shares are added to dQ.
   constexpr int kStepsDq = Bc * kPanels / kMma / 16;  // k-steps of dQ (over keys)
+  constexpr int kRegionsAdded = kOrdered ? kPanels : kMma;  // bulk copies of a tile (ordered, d = 64: one, a sum)
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
@@ -148,19 +152,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int x = 0; x < kDqTiles && x < n_tiles; ++x) named_bar_arrive(kBarDqFree + x, kDqHandover);  // both free
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int h = hk * p.group() + tile / q_tiles, i0 = i_first + tile % q_tiles * Br, x = tile % kDqTiles;
-        int* turn = dq_order + (size_t(b) * p.heads + h) * q_blocks + i0 / Br;  // (ordered) tile (b, h, i)'s counter
+        int* turn = kOrdered ? dq_order + (size_t(b) * p.heads + h) * q_blocks + i0 / Br : nullptr;  // tile's counter
         named_bar_sync(kBarDqFull + x, kDqHandover);
+        if constexpr (kOrdered && kPanels < kMma) {  // d = 64: both regions hold shares of the same dQ elements, and
+          // two bulk copies to the same addresses may add in either order: sum them here (region 1 into region 0,
+          // the same order every time) and add the sum once. Every lane fences its stores before lane 0's copy.
+          float4* region0 = reinterpret_cast<float4*>(dQs + x * kMma * kRegionFloats);
+          const float4* region1 = region0 + kRegionFloats / 4;
+          #pragma unroll 1  // within the writer's 40 registers
+          for (int f = lane; f < kRegionFloats / 4; f += 32) {
+            const float4 a = region0[f], c = region1[f];
+            region0[f] = make_float4(a.x + c.x, a.y + c.y, a.z + c.z, a.w + c.w);
+          }
+          fence_view_async_shared();
+          __syncwarp();
+        }
         if (lane == 0) {
           if constexpr (kOrdered) {  // the blocks that add to this tile: 0 .. adders - 1; those above jb go first
             const int adders = (p.visible_keys(min(i0 + Br, p.q_len) - 1) + Bc - 1) / Bc;
             dq_order_wait(turn, adders - 1 - jb);
           }
           if (i0 + Br <= p.q_len) {  // a whole Q block: its range of dq, in fragment order
-            for (int w = 0; w < kMma; ++w)
+            for (int w = 0; w < kRegionsAdded; ++w)
               bulk_reduce_add(dq + p.q_offset(b, h) + size_t(i0) * D + kRegionFloats * (w % kPanels),
                               dQs + (x * kMma + w) * kRegionFloats, kRegionFloats * sizeof(float));
           } else if constexpr (kOrdered) {  // the partial one, in rows: row r of region w, 64 floats, for r < q_len
-            for (int w = 0; w < kMma; ++w)
+            for (int w = 0; w < kRegionsAdded; ++w)
               for (int r = 0; i0 + r < p.q_len; ++r)
                 bulk_reduce_add(dq + p.q_offset(b, h) + size_t(i0 + r) * D + kPanelCols * (w % kPanels),
                                 dQs + (x * kMma + w) * kRegionFloats + kPanelCols * r, kPanelCols * sizeof(float));
@@ -169,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         bulk_commit();
         if constexpr (kOrdered) {
           bulk_wait<0>();  // the additions are in global memory (all lanes: the others have no copy to wait for)
-          if (lane == 0) dq_order_release(turn);  // block j + 1's turn at this tile
+          if (lane == 0) dq_order_release(turn);  // block j - 1's turn at this tile
           if (tile + kDqTiles < n_tiles) named_bar_arrive(kBarDqFree + x, kDqHandover);  // tile x is free now
         } else {
           bulk_wait_read<1>();  // every group but this one has read its tile: tile - 1's may be rewritten ...
