@@ -38,8 +38,8 @@
 //   line 7-8   dV_j += P^T dO_i, dK_j += dS^T Q_i                        (wgmma m64n{d}k16, A from registers)
 //   line 9     dS^T -> shared memory; dQ share = dS K_j (wgmma m64n64k16); wait dq_free[x]; tau dQ -> dQ tile x
 //              in fragment order (x = tile % 2; the last, partial Q block: ordered, in rows; atomic, float2 atomics);
-//              arrive dq_full[x]. Writer: wait dq_full[x]; ordered: wait for the turn, reduce-adds, wait for them,
-//              release, arrive dq_free[x]; atomic: step 12's
+//              arrive dq_full[x]. Writer: wait dq_full[x]; ordered: (d = 64: sum the regions) wait for the turn,
+//              reduce-adds, wait for them, release, arrive dq_free[x]; atomic: step 12's
 //   after    postprocess kernel: each whole Q block's range, fragment order -> rows (in place)
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Thread mapping: step 12's (warp 8 the producer, warp 9 the dQ writer; lane 0 issues the copies and takes turns).
