@@ -50,6 +50,22 @@ void hopper_step(const fa::Problem& p, const T* q, const T* k, const T* v, const
 }
 #define WSQ_HOPPER_BWD(fn) {hopper_step<fa::half_t, fn<fa::half_t>>, hopper_step<fa::bfloat16_t, fn<fa::bfloat16_t>>}
 
+// Step 14's driver: dq zeroed in both modes (its K/V kernel adds dQ in both), and in the deterministic mode the
+// counters after D in the workspace zeroed too (every call: they count one backward's additions).
+template <class T>
+void hopper_step_ordered(const fa::Problem& p, const T* q, const T* k, const T* v, const T* o, const float* lse,
+                         const T* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace) {
+  check_supported(p);
+  float* Dv = static_cast<float*>(workspace);
+  bwd::prepare<T>(p, o, dout, Dv, dq, DqMode::Atomic);  // (the atomic mode's preparation: D, and dq zeroed)
+  int* dq_order = nullptr;
+  if (mode == DqMode::Deterministic) {
+    dq_order = reinterpret_cast<int*>(Dv + p.lse_elems());
+    CUDA_CHECK(cudaMemsetAsync(dq_order, 0, dq_order_ints(p) * sizeof(int)));
+  }
+  backward_v14_dq_ordered<T>(p, q, k, v, lse, dout, Dv, dq, dk, dv, dq_order);
+}
+
 // Whether the current GPU runs sm_90a code (compute capability 9.0 exactly); false without a GPU.
 bool gpu_runs_sm90a() {
   int device = 0;
@@ -62,7 +78,7 @@ bool gpu_runs_sm90a() {
 }
 #endif
 
-// Steps 9-13 (FA_HOPPER): sm_90a code, listed only on a GPU that runs it (H100, H200).
+// Steps 9-14 (FA_HOPPER): sm_90a code, listed only on a GPU that runs it (H100, H200).
 std::vector<BackwardStep> hopper_steps() {
 #if WSQ_HOPPER
   constexpr fa::Arch sm90a = fa::Arch::sm90a;
@@ -78,6 +94,8 @@ std::vector<BackwardStep> hopper_steps() {
        WSQ_HOPPER_BWD(backward_v12_dq_tile_reduce), kDtypes, sm90a},
       {"bwd_v13_br128", "Hopper, d = 64: Br = 128 (FA3's tile), dQ split by rows, one bulk copy each; d = 128: step 12",
        WSQ_HOPPER_BWD(backward_v13_br128), kDtypes, sm90a},
+      {"bwd_v14_dq_ordered", "Hopper: a deterministic dQ in the K/V kernel, the blocks adding each tile in turn",
+       {hopper_step_ordered<fa::half_t>, hopper_step_ordered<fa::bfloat16_t>}, kDtypes, sm90a},
   };
 #else
   return {};
@@ -94,7 +112,10 @@ const std::vector<BackwardStep>& backward_steps() {
   return steps;
 }
 
-size_t backward_workspace_bytes(const fa::Problem& p) { return p.lse_elems() * sizeof(float); }
+// D, then step 14's dQ counters.
+size_t backward_workspace_bytes(const fa::Problem& p) {
+  return p.lse_elems() * sizeof(float) + dq_order_ints(p) * sizeof(int);
+}
 
 namespace bwd {
 namespace {

@@ -37,7 +37,8 @@ using BackwardStep = fa::Step<fa::PerDtype<BackwardFn>>;
 // The backward's ladder; the last is the fastest.
 const std::vector<BackwardStep>& backward_steps();
 
-// Device memory backward needs besides its inputs and outputs: D = rowsum(dO o O), [B,H,Nq] fp32.
+// Device memory backward needs besides its inputs and outputs: D = rowsum(dO o O), [B,H,Nq] fp32, then step 14's
+// dQ counters (an int per 64-row Q block of each head).
 // Allocate it once (outside timing loops) and pass it as `workspace`.
 size_t backward_workspace_bytes(const fa::Problem& p);
 

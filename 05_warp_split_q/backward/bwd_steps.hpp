@@ -30,6 +30,16 @@ WSQ_BWD_KV_DECLARE(backward_v11_dq_double_buffer)
 WSQ_BWD_KV_DECLARE(backward_v12_dq_tile_reduce)
 WSQ_BWD_KV_DECLARE(backward_v13_br128)
 #undef WSQ_BWD_KV_DECLARE
+
+// Step 14 computes dQ in its K/V kernel in both modes (dq zeroed): dq_order nullptr is the atomic mode, else the
+// deterministic one, with dq_order_ints(p) counters, zeroed, one per (batch, query head, Q block of kDqOrderRows).
+constexpr int kDqOrderRows = 64;
+inline size_t dq_order_ints(const fa::Problem& p) {
+  return size_t(p.batch) * p.heads * ((p.q_len + kDqOrderRows - 1) / kDqOrderRows);
+}
+template <class T>
+void backward_v14_dq_ordered(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,
+                             const float* Dv, float* dq, float* dk, float* dv, int* dq_order);
 }  // namespace wsq
 
 // Explicit instantiations of a Hopper step's K/V-block launch for both dtypes.

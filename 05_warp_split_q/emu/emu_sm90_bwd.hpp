@@ -1,7 +1,7 @@
-// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-13 use besides the forward's
+// The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-14 use besides the forward's
 // (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
-// shared-memory operands, float2 and its atomicAdd, the proxy fence, a launch of any kernel signature, and the bulk
-// reduce-add with its bulk groups. Include it before a backward Hopper file.
+// shared-memory operands, float2 and its atomicAdd, __syncwarp, the proxy fence, a launch of any kernel signature,
+// the bulk reduce-add with its bulk groups, and step 14's dQ counters. Include it before a backward Hopper file.
 // The bulk reduce-add is emulated as late as the PTX ISA allows, as a TMA load is: cp.reduce.async.bulk only
 // records the copy (and a snapshot of its source); commit_group closes the recorded copies into a group; the
 // additions to global memory happen when a wait_group (.read or not) retires the group. So a kernel that never waits
@@ -11,6 +11,7 @@
 #include "emu_sm90.hpp"
 #define WSQ_BWD_SM90_CUH
 
+#include <algorithm>
 #include <functional>
 
 struct float2 {
@@ -21,6 +22,7 @@ struct float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu9::warp_sync(); }
 // One block runs at a time: an atomic add is a plain add (the order of the blocks is fixed, as it is not on a GPU).
 inline void atomicAdd(float2* at, float2 x) { at->x += x.x, at->y += x.y; }
 
@@ -59,6 +61,8 @@ struct BulkCopy {
 struct BulkGroups {
   std::vector<BulkCopy> open;
   std::vector<std::vector<BulkCopy>> committed;  // oldest first
+  size_t unfinished = 0;  // committed groups no wait_group without .read has waited for (their adds may be running)
+  const int* waited = nullptr;  // step 14: the dQ counter this thread last waited on (nullptr: none since a release)
 };
 inline std::vector<BulkGroups> bulk;  // per thread of the block
 
@@ -73,6 +77,7 @@ inline void bulk_commit() {
   BulkGroups& b = bulk[emu9::current];
   b.committed.push_back(std::move(b.open));
   b.open.clear();
+  ++b.unfinished;
 }
 // Retires every committed group but the N newest: each copy reads its source now (which must still be what it was
 // at issue) and adds it to global memory.
@@ -100,6 +105,32 @@ inline void bulk_wait_read() {
 template <int N>
 inline void bulk_wait() {
   bulk_retire<N>();
+  BulkGroups& b = bulk[emu9::current];
+  b.unfinished = std::min(b.unfinished, size_t(N));
+}
+
+// ---- step 14's dQ counters. The blocks run one after another in launch order, so a block's turn has come when it
+// starts (the earlier blocks have all released): the wait never spins; a turn that is never reached (a wrong turn,
+// a release missing) leaves the thread waiting forever, which the scheduler reports as a deadlock. What the
+// emulation checks besides: a release only after this thread waited on that counter, with no open copies and no
+// group left that a wait_group (not .read) has not waited for; the values the counters end with (the tests).
+// The fences and the acquire/release scopes are not checked: the emulation is sequentially consistent. ----
+inline void dq_order_wait(const int* counter, int turn) {
+  emu9::wait_until([=] { return *counter == turn; }, "a dQ counter (its turn never comes)");
+  bulk[emu9::current].waited = counter;
+}
+inline void dq_order_release(int* counter) {
+  BulkGroups& b = bulk[emu9::current];
+  const char* wrong = b.waited != counter          ? "without waiting for its turn on it first"
+                      : !b.open.empty() || b.unfinished ? "before the wait_group (not .read) of its bulk reduce-adds"
+                                                        : nullptr;
+  if (wrong) {
+    std::fprintf(stderr, "emulated dQ counter (%s schedule): thread %d released it %s\n",
+                 emu9::schedule_name(emu9::schedule), emu9::current, wrong);
+    std::abort();
+  }
+  b.waited = nullptr;
+  ++*counter;
 }
 
 // A launch of any signature (launch_tma's, with the bulk groups cleared for every block too).

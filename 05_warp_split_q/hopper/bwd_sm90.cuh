@@ -7,9 +7,11 @@
 //   * the bulk reduce-add cp.reduce.async.bulk .add.f32 (step 10): one thread hands the copy engine a contiguous run
 //     of fp32 values in shared memory, and the engine adds them to global memory - an atomic add of the whole run,
 //     done by the memory system, without a per-element atomic instruction - with its bulk-group commit and waits;
-//   * the launch of a kernel of any signature (the backward's kernels take five tensor maps).
+//   * the launch of a kernel of any signature (the backward's kernels take five tensor maps);
+//   * step 14's turn-taking on a counter in global memory: an acquire load in a loop, a release add.
 // PTX ISA sections: "wgmma.mma_async" (imm-trans-a, imm-trans-b), "cp.reduce.async.bulk", "cp.async.bulk.wait_group",
-// "fence.proxy.async". emu/emu_sm90_bwd.hpp provides the same names for the CPU emulation (hence the guard).
+// "fence.proxy.async", "ld" (.acquire), "red" (.release), "Memory Consistency Model". emu/emu_sm90_bwd.hpp provides
+// the same names for the CPU emulation (hence the guard).
 #ifndef WSQ_BWD_SM90_CUH
 #define WSQ_BWD_SM90_CUH
 #include "hopper/wgmma.cuh"
@@ -64,6 +66,25 @@ __device__ __forceinline__ void bulk_wait_read() {
 template <int N>
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- step 14's ordered dQ: a counter in global memory per dQ tile says how many K/V blocks have added their share
+// to it. One thread waits for its turn with an acquire load (gpu scope: the counter is moved by other SMs) and
+// releases the next block with a release add. The proxy fences: the bulk reduce-adds write global memory through
+// the async proxy, the counter is read and written by the generic proxy, so each side fences between them. ----
+// Spins until *counter == turn (the blocks before this one have added their shares), then orders this thread's
+// later bulk copies (async proxy) after what the acquire saw.
+__device__ __forceinline__ void dq_order_wait(const int* counter, int turn) {
+  int seen;
+  do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  while (seen != turn);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// After bulk_wait<0> (the additions complete, not only their source read): orders them (async proxy) before the
+// release add (generic proxy), which publishes them to whoever acquires the new value.
+__device__ __forceinline__ void dq_order_release(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
 // Launch with more than 48 KiB of dynamic shared memory (the per-kernel opt-in), any kernel signature.

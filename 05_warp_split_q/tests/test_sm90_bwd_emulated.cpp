@@ -1,10 +1,10 @@
-// The backward's Hopper steps 9-13 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
+// The backward's Hopper steps 9-14 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
 // cooperative context; the producer and the MMA warpgroups meet at emulated mbarriers, the dQ writer warp at named
 // barriers; TMA, wgmma and the bulk reduce-add land as late as the PTX ISA allows): both dtypes, head_dim 64 and
 // 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
 // negative scale, more Q tiles than ring buffers; outputs NaN-poisoned, judged by the rule of the GPU tests
 // (bwd_testing.hpp). D = rowsum(dO o O) is computed here, as the chapter's preprocess kernel does; the deterministic
-// mode's dQ kernel is the one test_bwd_emulated runs.
+// mode's dQ kernel is the one test_bwd_emulated runs. Step 14 in both of its modes, with its dQ counters checked.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -26,6 +26,52 @@ namespace {
 template <class T>
 using KvFn = void (*)(const Problem&, const T*, const T*, const T*, const float*, const T*, const float*, float*,
                       float*, float*, bool);
+
+// dQ, dK, dV of one run against the fp64 reference; rows that see no key must get dQ = 0 exactly.
+void check_grads(const Case& c, const std::vector<float>& dq, const std::vector<float>& dk,
+                 const std::vector<float>& dv) {
+  const Problem& p = c.p;
+  const ErrorReport ek = wsq_bwd_testing::check(dk, c.rdk, c.bound_dk);
+  const ErrorReport ev = wsq_bwd_testing::check(dv, c.rdv, c.bound_dv);
+  const ErrorReport eq = wsq_bwd_testing::check(dq, c.rdq, c.bound_dq);
+  CHECK_MESSAGE(ek.ok(), ek.summary("dK vs fp64"), " (bound ", c.bound_dk, ")");
+  CHECK_MESSAGE(ev.ok(), ev.summary("dV vs fp64"), " (bound ", c.bound_dv, ")");
+  CHECK_MESSAGE(eq.ok(), eq.summary("dQ vs fp64"), " (bound ", c.bound_dq, ")");
+  if (p.causal && p.q_len > p.kv_len)  // rows that see no key: no K/V block adds to them, dQ stays 0 exactly
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads; ++h)
+        for (int i = 0; i < p.q_len - p.kv_len; ++i)
+          for (int e = 0; e < p.head_dim; ++e) REQUIRE(dq[p.q_offset(b, h) + size_t(i) * p.head_dim + e] == 0.f);
+}
+
+// Step 14 in both modes. Deterministic: each dQ tile's counter must end at the number of K/V blocks that add to it
+// (a prefix of the blocks: those that start at or before the tile), each having taken its turn once.
+template <class T>
+void check_ordered(const Case& c, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
+                   const std::vector<T>& dout, const std::vector<float>& Dv) {
+  const Problem& p = c.p;
+  constexpr int Br = wsq::kDqOrderRows, Bc = 128;
+  const int q_blocks = (p.q_len + Br - 1) / Br, kv_blocks = (p.kv_len + Bc - 1) / Bc;
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
+    for (const bool ordered : {false, true}) {
+      emu9::schedule = schedule;
+      INFO("step bwd_v14_dq_ordered, ", std::string(ordered ? "deterministic" : "atomic"), ", ",
+           std::string(emu9::schedule_name(schedule)), " schedule");
+      std::vector<float> dq(p.q_elems(), 0.f), dk(p.kv_elems()), dv(p.kv_elems());
+      std::memset(dk.data(), 0xFF, dk.size() * sizeof(float));  // NaN poison
+      std::memset(dv.data(), 0xFF, dv.size() * sizeof(float));
+      std::vector<int> order(wsq::dq_order_ints(p), 0);
+      wsq::backward_v14_dq_ordered<T>(p, q.data(), k.data(), v.data(), c.lse.data(), dout.data(), Dv.data(),
+                                      dq.data(), dk.data(), dv.data(), ordered ? order.data() : nullptr);
+      check_grads(c, dq, dk, dv);
+      for (int bh = 0; bh < p.batch * p.heads; ++bh)
+        for (int i = 0; i < q_blocks; ++i) {
+          int adders = 0;
+          for (int j = 0; j < kv_blocks; ++j) adders += p.first_query_seeing(j * Bc) / Br <= i;
+          REQUIRE(order[size_t(bh) * q_blocks + i] == (ordered ? adders : 0));
+        }
+    }
+}
 
 template <class T>
 void check_steps(const Case& c, bool with_dq) {
@@ -51,21 +97,17 @@ void check_steps(const Case& c, bool with_dq) {
     std::memset(dk.data(), 0xFF, dk.size() * sizeof(float));  // NaN poison
     std::memset(dv.data(), 0xFF, dv.size() * sizeof(float));
     fn(p, q.data(), k.data(), v.data(), c.lse.data(), dout.data(), Dv.data(), dq.data(), dk.data(), dv.data(), with_dq);
+    if (with_dq) {
+      check_grads(c, dq, dk, dv);
+      continue;
+    }
     const ErrorReport ek = wsq_bwd_testing::check(dk, c.rdk, c.bound_dk);
     const ErrorReport ev = wsq_bwd_testing::check(dv, c.rdv, c.bound_dv);
     CHECK_MESSAGE(ek.ok(), ek.summary("dK vs fp64"), " (bound ", c.bound_dk, ")");
     CHECK_MESSAGE(ev.ok(), ev.summary("dV vs fp64"), " (bound ", c.bound_dv, ")");
-    if (!with_dq) {  // the deterministic mode's kernel must leave dq alone
-      for (float x : dq) REQUIRE(x == 0.f);
-      continue;
-    }
-    const ErrorReport eq = wsq_bwd_testing::check(dq, c.rdq, c.bound_dq);
-    CHECK_MESSAGE(eq.ok(), eq.summary("dQ vs fp64"), " (bound ", c.bound_dq, ")");
-    if (p.causal && p.q_len > p.kv_len)  // rows that see no key: no K/V block adds to them, dQ stays 0 exactly
-      for (int h = 0; h < p.heads; ++h)
-        for (int i = 0; i < p.q_len - p.kv_len; ++i)
-          for (int e = 0; e < p.head_dim; ++e) REQUIRE(dq[p.q_offset(0, h) + size_t(i) * p.head_dim + e] == 0.f);
+    for (float x : dq) REQUIRE(x == 0.f);  // the deterministic mode's kernel must leave dq alone
   }
+  if (with_dq) check_ordered<T>(c, q, k, v, dout, Dv);  // step 14 has no K/V kernel without dQ
 }
 
 void check_all(const Problem& p, double stddev = 1.0, bool with_dq = true) {
