@@ -38,8 +38,8 @@ std::vector<float> uniform_inputs(size_t n, uint64_t seed) {
 using Fp8Fn = void (*)(const fa::Problem&, const View&, fa::bfloat16_t*, float*);
 void check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, double qk_stddev, double outliers,
                bool uniform) {
-  INFO(name, ": ", p.heads, "/", p.kv_heads, " heads ", p.q_len, "x", p.kv_len, " d=", p.head_dim, " causal=", p.causal,
-       " scales ", (o.scaling == Scaling::block ? "block" : "tensor"), " hadamard=", o.hadamard, " Q/K stddev ",
+  INFO(std::string(name), ": ", p.heads, "/", p.kv_heads, " heads ", p.q_len, "x", p.kv_len, " d=", p.head_dim, " causal=", p.causal,
+       " scales ", std::string(o.scaling == Scaling::block ? "block" : "tensor"), " hadamard=", o.hadamard, " Q/K stddev ",
        qk_stddev, " outliers ", outliers, " uniform ", uniform);
   auto q = uniform ? uniform_inputs(p.q_elems(), 1 + p.q_len) : lab_inputs(p.q_elems(), 1 + p.q_len, outliers),
        k = uniform ? uniform_inputs(p.kv_elems(), 2 + p.kv_len) : lab_inputs(p.kv_elems(), 2 + p.kv_len, outliers),
