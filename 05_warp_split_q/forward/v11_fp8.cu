@@ -12,6 +12,7 @@
 //     The accumulator of S gives lane (g, t) keys 8n + 2t, 8n + 2t + 1; the e4m3 A operand wants keys 4t .. 4t + 3
 //     from it. No byte moves between lanes: each lane packs its own four values, n-tiles 2h and 2h + 1, into A
 //     position 4t + i, and the quantisation pass stored V's keys in that order (hopper/fp8.hpp: key_at, a_from_c).
+//   * each tile's P V into a fresh accumulator, added to O~ in fp32: the e4m3 wgmma adds with about 14 bits.
 //
 // Computes, for one Q block Q_i of Br = 128 rows, per consumer warpgroup, the lines of README Algorithm 1 in step
 // 10's order (iteration j does line 8 of tile j - 1):
@@ -20,10 +21,11 @@
 //   line 3     for each K/V block j
 //   line 4       wait full_k[j % 2] (and full_v of tile j - 1); wait for this warpgroup's turn
 //   line 5       issue S_ij = Q8_i K8_j^T                         wgmma m64n128k32 e4m3, A and B from shared memory
-//   line 8 (j-1) issue O~_i += P8_i(j-1) V8_(j-1)                 wgmma m64n{d}k32 e4m3, A = P8 in registers
+//   line 8 (j-1) issue PV = P8_i(j-1) V8_(j-1), a fresh sum        wgmma m64n{d}k32 e4m3, A = P8 in registers
 //   lines 6-7    when S_ij is done: S_ij *= scale sq_i sk_j; m_new, P_ij = exp(S_ij - m_new), l_i (fp32 P)
-//   line 8 (j)   when P V is done: O~_i *= exp(m_i - m_new) sv_(j-1) / sv_j; P8_ij = e4m3(kPScale P_ij) packed
-//   line 8 (last) after the loop: O~_i += P8_i(last) V8_last
+//   line 8 (j)   when P V is done: O~_i = O~_i f + PV in fp32, then f = exp(m_i - m_new) sv_(j-1) / sv_j;
+//                P8_ij = e4m3(kPScale P_ij) packed
+//   line 8 (last) after the loop: PV = P8_i(last) V8_last, O~_i = O~_i f + PV
 //   line 9     O_i = O~_i sv_last / (kPScale l_i) in bf16, L_i = m_i + log l_i   (l_i = 0: O = 0, L = -inf)
 // Thread mapping as in step 10: consumer warpgroups 0 and 1 (rows 64 w .. 64 w + 63), producer warpgroup 2.
 // Shared memory: Q8_i 128 rows, 2 buffers of K8_j 128 rows, each 128 bytes a row (d = 64 rows padded), and 2 of
@@ -142,6 +144,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2
   float acc[D / 2] = {}, s_acc[Bc / 2] = {};                // O~ (m64nD C fragment) and S (m64n128)
+  // PV = P8 V8 of one tile, in its own accumulator: the e4m3 wgmma adds with about 14 bits (README §7.10), so O~ is
+  // summed in fp32 here; f (per row) takes O~ into the units of the next PV.
+  float pv[D / 2] = {}, f[2] = {0.f, 0.f};
   // S in base-2 units, Q's descale folded in (K's per tile, in softmax()).
   const float scale_log2 = p.softmax_scale() * kLog2e * sc.q[size_t(b * p.heads + h) * fp8::tiles(p.q_len) + blockIdx.x];
   // A masked score is written before the scale is applied, as the value the scale turns into -inf: -inf for a
@@ -165,11 +170,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                          kk > 0);
     wgmma_commit();
   };
-  // O~ += P8 Vt8_tile^T from buffer tile % 2: B = Vt rows 0 .. D - 1 (n), keys 32 kk .. 32 kk + 31 (k): K-major.
+  // PV = P8 Vt8_tile^T from buffer tile % kStages: B = Vt rows 0 .. D - 1 (n), keys 32 kk .. 32 kk + 31 (k):
+  // K-major. The first k-step overwrites pv (accumulate = 0): each tile's sum starts fresh.
   auto issue_pv = [&](int tile) {
     const unsigned char* Vs_j = Vs + (tile % kStages) * L::v_tile_bytes;
     #pragma unroll
-    for (int kk = 0; kk < kStepsPV; ++kk) wgmma_rs_e4m3<D>(acc, pf[kk], desc_k_major(Vs_j + k_major_step(kk, D)));
+    for (int kk = 0; kk < kStepsPV; ++kk)
+      wgmma_rs_e4m3<D>(pv, pf[kk], desc_k_major(Vs_j + k_major_step(kk, D)), kk > 0);
     wgmma_commit();
   };
   // lines 6-7 for tile j: mask, m_new, P_ij = exp(S_ij - m_new) in place of S, l_i; alpha = exp(m_i - m_new) per row.
@@ -207,15 +214,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       m[r] = m_new;
     }
   };
-  // line 8's rescale (once the P V product in flight is done): O~ *= alpha sv_(j-1) / sv_j (O~ counts in units of
-  // the newest V tile's scale), and P_ij -> e4m3 A fragments: A register x, byte i of k32 step kk takes the
-  // accumulator a_from_c(kk, x, i) (hopper/fp8.hpp; the keys it holds are the ones Vt8 stores at that position).
-  // All of P is packed before the next wgmma: a register written between two wgmma would make ptxas wait.
-  auto rescale_and_pack = [&](const float (&alpha)[2], float v_ratio) {
+  // line 8, once the P V product in flight is done: O~ = O~ f + PV in fp32, one FFMA an element. f, set by the tile
+  // before, takes O~ to PV's units: the running maximum m_(j-1), the V scale sv_(j-1) (O~ counts in units of the
+  // newest V tile's scale).
+  auto add_pv = [&] {
     #pragma unroll
     for (int n = 0; n < kTilesO; ++n)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[4 * n + e] *= alpha[e / 2] * v_ratio;
+      for (int e = 0; e < 4; ++e) acc[4 * n + e] = fmaf(acc[4 * n + e], f[e / 2], pv[4 * n + e]);
+  };
+  // Then f for the next add: alpha sv_(j-1) / sv_j, and P_ij -> e4m3 A fragments: A register x, byte i of k32 step
+  // kk takes the accumulator a_from_c(kk, x, i) (hopper/fp8.hpp; the keys it holds are the ones Vt8 stores at that
+  // position). All of P is packed before the next wgmma: a register written between two wgmma would make ptxas wait.
+  auto next_factor_and_pack = [&](const float (&alpha)[2], float v_ratio) {
+    f[0] = alpha[0] * v_ratio, f[1] = alpha[1] * v_ratio;
     #pragma unroll
     for (int kk = 0; kk < kStepsPV; ++kk)
       #pragma unroll
@@ -236,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_operands(s_acc);
     mbar_arrive(&empty_k[0]);
     softmax(0, alpha);
-    rescale_and_pack(alpha, 1.f);  // O~ is still 0
+    next_factor_and_pack(alpha, 1.f);  // f = alpha = 0: O~ is still 0
   }
   for (int tile = 1; tile < n_tiles; ++tile) {  // line 3
     const int prev = tile - 1;  // the tile whose P V product this iteration issues
@@ -244,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(&full_k[tile % kStages], (tile / kStages) & 1);  // line 4
     mbar_wait(&full_v[prev % kStages], (prev / kStages) & 1);
     named_bar_sync(my_turn, kConsumerThreads);
-    wgmma_fence();  // line 5: S_ij, and O~ += P_i(j-1) V_(j-1) right behind it
+    wgmma_fence();  // line 5: S_ij, and PV = P_i(j-1) V_(j-1) right behind it
     issue_s(tile);
     issue_pv(prev);
     if (!(wg == 1 && tile == n_tiles - 1)) named_bar_arrive(other_turn, kConsumerThreads);
@@ -252,10 +264,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_operands(s_acc);
     mbar_arrive(&empty_k[tile % kStages]);  // this thread is done with K_j
     softmax(tile, alpha);                   // lines 6-7, while P V runs
-    wgmma_wait<0>();                        // line 8's rescale
-    fence_operands(acc);
+    wgmma_wait<0>();                        // line 8: PV is done
+    fence_operands(pv);
     mbar_arrive(&empty_v[prev % kStages]);  // this thread is done with V_(j-1)
-    rescale_and_pack(alpha, sv[prev] / sv[tile]);
+    add_pv();
+    next_factor_and_pack(alpha, sv[prev] / sv[tile]);
   }
   if (n_tiles > 0) {  // line 8 of the last tile: its P V
     const int last = n_tiles - 1;
@@ -263,7 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_pv(last);
     wgmma_wait<0>();
-    fence_operands(acc);
+    fence_operands(pv);
+    add_pv();
   }
 
   #pragma unroll

@@ -107,9 +107,8 @@ void check_supported(const fa::Problem& p) {
 }
 
 // ---- steps 11 and 12 (FP8) ----
-static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead",
-                                                     "v14_fp8_poly_exp2"};
-static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead, v14_fp8_poly_exp2";
+static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead"};
+static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead";
 
 const std::vector<Fp8Step>& fp8_steps() {
   static const std::vector<Fp8Step> steps = [] {
@@ -124,8 +123,6 @@ const std::vector<Fp8Step>& fp8_steps() {
                      forward_v12_fp8_lean, "fp8", fa::Arch::sm90a});
       all.push_back({kFp8StepNames[2], "FP8, the descales of K and V loaded one tile ahead: the products no longer wait for them",
                      forward_v13_fp8_scales_ahead, "fp8", fa::Arch::sm90a});
-      all.push_back({kFp8StepNames[3], "FP8, a quarter of the softmax's 2^x on the FMA pipe (a cubic) instead of the MUFU",
-                     forward_v14_fp8_poly_exp2, "fp8", fa::Arch::sm90a});
     }
 #endif
     return all;

@@ -73,35 +73,6 @@ FA_HD uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
 #endif
 }
 
-// ---- 2^x on the FMA pipe (step 14: a share of the softmax's exponentials off the MUFU) ----
-// x = j + f with j = round(x), f in [-1/2, 1/2]: 2^f by a cubic (relative error 1.0e-4, far below e4m3's quantum
-// of 2^-3 that P is rounded to next), 2^j by adding j to the exponent field. Adding 1.5 x 2^23 rounds x to an
-// integer and leaves it, two's complement, in the low mantissa bits of t; shifted left by 23 those bits are j in
-// the exponent field (one integer multiply-add: t 2^23 + bits of 2^f). x is clamped at -127 first: there 2^f = 1 exactly and the
-// exponent field becomes 0, so x = -inf (a masked score) gives +0 exactly, as ex2.approx.ftz does; values just
-// above -127 give denormals below 2^-126, which e4m3 flushes anyway. Valid for x <= 127 (the softmax has x <= 8).
-FA_HD float exp2_poly(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 x 2^23
-  constexpr float c1 = 0.693282961845398f, c2 = 0.2422107607126236f, c3 = 0.055008430033922195f;
-  x = x > -127.f ? x : -127.f;  // -inf included
-#if defined(__CUDA_ARCH__)
-  const float t = __fadd_rn(x, kRound);  // _rn: never contracted or reassociated
-  const float f = __fadd_rn(x, -__fadd_rn(t, -kRound));
-  const float p = fmaf(fmaf(fmaf(c3, f, c2), f, c1), f, 1.f);
-  return __uint_as_float((__float_as_uint(t) << 23) + __float_as_uint(p));
-#else
-  const float t = x + kRound;
-  const float f = x - (t - kRound);
-  const float p = fmaf(fmaf(fmaf(c3, f, c2), f, c1), f, 1.f);
-  uint32_t ut, up;
-  memcpy(&ut, &t, 4), memcpy(&up, &p, 4);
-  const uint32_t u = (ut << 23) + up;
-  float y;
-  memcpy(&y, &u, 4);
-  return y;
-#endif
-}
-
 // ---- the quantised tensors ----
 // One scale per block of kBlockRows rows (a Br x d tile of Q, a Bc x d tile of K and of V: the kernel's tiles),
 // or one per tensor. Scale s = amax / 448 maps the block's largest |x| onto e4m3's largest value.

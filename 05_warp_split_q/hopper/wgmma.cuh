@@ -190,23 +190,24 @@ __device__ __forceinline__ void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc
       : WSQ_D64_OPERANDS
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-// D (64 x N, fp32) += A (64 x 32 e4m3 in registers: P8) * B (32 x N, K-major in shared memory: Vt8): one k32 step
-// of O~ += P V, N = head_dim.
+// D (64 x N, fp32) (+)= A (64 x 32 e4m3 in registers: P8) * B (32 x N, K-major in shared memory: Vt8): one k32
+// step of P V, N = head_dim. accumulate = 0 (scale-d) overwrites D: a tile's first k-step starts a fresh sum.
 template <int N>
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                              int accumulate) {
   static_assert(N == 64 || N == 128, "head_dim 64 or 128");
   if constexpr (N == 128)
     asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WSQ_D64_REGS
                  ", {%64, %65, %66, %67}, %68, acc, 1, 1;\n}\n"
                  : WSQ_D64_OPERANDS
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
   else
     asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WSQ_D32_REGS
                  ", {%32, %33, %34, %35}, %36, acc, 1, 1;\n}\n"
                  : WSQ_D32_OPERANDS
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
 }  // namespace wsq::sm90
