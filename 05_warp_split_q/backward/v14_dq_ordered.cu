@@ -18,9 +18,10 @@
 //              (bulk_wait<0>: .read would only say the source was read, not that the additions are in global memory),
 //              then moves the counter on (dq_order_release: a proxy fence, then a release add). Each tile is then
 //              free at once: its buffer goes back to the MMA warpgroups right after the wait.
-//   d = 64:    both warpgroups' regions are shares of the same dQ elements; two reduce-adds to the same addresses
-//              need not add in the order they were issued, so the writer warp sums region 1 into region 0 first
-//              (32 lanes, float4) and adds the sum with one copy.
+//   d = 128 only: at d = 64 both warpgroups' regions are shares of the same dQ elements, and two reduce-adds to the
+//              same addresses need not add in the order they were issued; summing them in the writer first made the
+//              ordered mode slower there than step 13's dQ kernel (NOTEBOOK.md), so at d = 64 step 14 is step 13, in
+//              both modes (backward.cu's driver).
 //   the last, partial Q block: its share goes through the shared tile too, in ROWS (step 11's layout, 64 floats a
 //              row and region), and the writer adds it with one 256-byte reduce-add per row and region, in turn
 //              like the whole tiles. Step 12's float2 atomics from 256 threads could not wait for a turn.
@@ -38,12 +39,14 @@
 //   line 7-8   dV_j += P^T dO_i, dK_j += dS^T Q_i                        (wgmma m64n{d}k16, A from registers)
 //   line 9     dS^T -> shared memory; dQ share = dS K_j (wgmma m64n64k16); wait dq_free[x]; tau dQ -> dQ tile x
 //              in fragment order (x = tile % 2; the last, partial Q block: ordered, in rows; atomic, float2 atomics);
-//              arrive dq_full[x]. Writer: wait dq_full[x]; ordered: (d = 64: sum the regions) wait for the turn,
+//              arrive dq_full[x]. Writer: wait dq_full[x]; ordered: wait for the turn,
 //              reduce-adds, wait for them, release, arrive dq_free[x]; atomic: step 12's
 //   after    postprocess kernel: each whole Q block's range, fragment order -> rows (in place)
 //   line 10  dK_j *= tau; write dK_j, dV_j (fp32)
 // Thread mapping: step 12's (warp 8 the producer, warp 9 the dQ writer; lane 0 issues the copies and takes turns).
-// Shared memory: step 12's, 144 KiB (d = 64), 208 KiB (d = 128), + 1 KiB (L_i, D_i, mbarriers) + 1 KiB slack.
+// Shared memory: step 12's at d = 128, 208 KiB, + 1 KiB (L_i, D_i, mbarriers) + 1 KiB slack.
+#include <stdexcept>
+
 #include "backward/bwd_steps.hpp"
 #include "forward/tc.cuh"
 #include "hopper/bwd_sm90.cuh"
@@ -105,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dQ_i = dS K_j split over the MMA warpgroups: at d = 128 warpgroup w makes column panel w over all Bc keys; at
   // d = 64 (one panel) warpgroup w makes the panel's share of its own 64 keys, and both shares are added to dQ.
   constexpr int kStepsDq = Bc * kPanels / kMma / 16;  // k-steps of dQ (over keys)
-  constexpr int kRegionsAdded = kOrdered ? kPanels : kMma;  // bulk copies of a tile (ordered, d = 64: one, a sum)
+  constexpr int kRegionsAdded = kMma;  // bulk copies of a tile, one per warpgroup region
+  static_assert(!kOrdered || kPanels == kMma, "the ordered mode: d = 128, one region per warpgroup, disjoint");
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
@@ -154,19 +158,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = hk * p.group() + tile / q_tiles, i0 = i_first + tile % q_tiles * Br, x = tile % kDqTiles;
         int* turn = kOrdered ? dq_order + (size_t(b) * p.heads + h) * q_blocks + i0 / Br : nullptr;  // tile's counter
         named_bar_sync(kBarDqFull + x, kDqHandover);
-        if constexpr (kOrdered && kPanels < kMma) {  // d = 64: both regions hold shares of the same dQ elements, and
-          // two bulk copies to the same addresses may add in either order: sum them here (region 1 into region 0,
-          // the same order every time) and add the sum once. Every lane fences its stores before lane 0's copy.
-          float4* region0 = reinterpret_cast<float4*>(dQs + x * kMma * kRegionFloats);
-          const float4* region1 = region0 + kRegionFloats / 4;
-          #pragma unroll 1  // within the writer's 40 registers
-          for (int f = lane; f < kRegionFloats / 4; f += 32) {
-            const float4 a = region0[f], c = region1[f];
-            region0[f] = make_float4(a.x + c.x, a.y + c.y, a.z + c.z, a.w + c.w);
-          }
-          fence_view_async_shared();
-          __syncwarp();
-        }
         if (lane == 0) {
           if constexpr (kOrdered) {  // the blocks that add to this tile: 0 .. adders - 1; those above jb go first
             const int adders = (p.visible_keys(min(i0 + Br, p.q_len) - 1) + Bc - 1) / Bc;
@@ -420,8 +411,9 @@ template <class T>
 void backward_v14_dq_ordered(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,
                              const float* Dv, float* dq, float* dk, float* dv, int* dq_order) {
   static_assert(Br == kDqOrderRows, "the counters (bwd_steps.hpp) count Q blocks of Br rows");
-  if (p.head_dim == 64) run<T, 64>(p, q, k, v, lse, dout, Dv, dq, dk, dv, dq_order);
-  else run<T, 128>(p, q, k, v, lse, dout, Dv, dq, dk, dv, dq_order);
+  if (p.head_dim != 128)
+    throw std::invalid_argument("backward step 14's kernel runs d = 128 (at d = 64 the step is step 13)");
+  run<T, 128>(p, q, k, v, lse, dout, Dv, dq, dk, dv, dq_order);
 }
 template void backward_v14_dq_ordered<fa::half_t>(const fa::Problem&, const fa::half_t*, const fa::half_t*,
                                                   const fa::half_t*, const float*, const fa::half_t*, const float*,

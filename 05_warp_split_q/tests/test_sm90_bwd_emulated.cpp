@@ -50,6 +50,7 @@ template <class T>
 void check_ordered(const Case& c, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
                    const std::vector<T>& dout, const std::vector<float>& Dv) {
   const Problem& p = c.p;
+  if (p.head_dim != 128) return;  // at d = 64 step 14 is step 13, checked with the other steps
   constexpr int Br = wsq::kDqOrderRows, Bc = 128;
   const int q_blocks = (p.q_len + Br - 1) / Br, kv_blocks = (p.kv_len + Bc - 1) / Bc;
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
