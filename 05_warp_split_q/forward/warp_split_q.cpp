@@ -106,7 +106,7 @@ void check_supported(const fa::Problem& p) {
     throw fa::UsageError("heads and batch must be <= 65535 (the grid's y and z limits)");
 }
 
-// ---- steps 11 and 12 (FP8) ----
+// ---- steps 11-13 (FP8) ----
 static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead"};
 static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead";
 
