@@ -1,6 +1,6 @@
 // Step 12 (Hopper, sm_90a only): step 11 with a leaner softmax. With e4m3 operands the tensor cores finish a tile's
 // two products in half of step 10's time, but the softmax between them costs what it cost in 16 bits - step 11 ran
-// only 1.05x faster than step 10 because the two warpgroups' softmax, not the tensor cores, set the pace. So every
+// only 1.04x faster than step 10 because the two warpgroups' softmax, not the tensor cores, set the pace. So every
 // instruction per element of S counts. Step 11 spent, per element: a multiply by the scale, a max, a subtract, the
 // exp2 (which without flush-to-zero is a compare, two predicated multiplies around the MUFU.EX2), the row sum, a
 // multiply by kPScale and a quarter of the e4m3 packing. Step 12:

@@ -5,8 +5,8 @@
 
 fp16 or bf16 CUDA tensors, head_dim 64 or 128, Hkv dividing H (GQA), any lengths (Nk >= 1). The forward step is the
 last one the GPU runs (v10_pingpong on an H100, v8_two_row_tiles on sm_80..sm_89), the backward the last backward
-step the GPU runs (bwd_v14_dq_ordered on an H100: step 13 at d = 64; at d = 128 step 12's kernel, with the ordered
-deterministic dQ; bwd_v8_kv_frags elsewhere); both can be named (step=..., backward_step=...), so a student can put
+step the GPU runs (bwd_v14_dq_ordered on an H100: step 13 at d = 64, step 12's kernel at d = 128, whose
+deterministic mode adds dQ in a fixed order inside the K/V kernel; bwd_v8_kv_frags elsewhere); both can be named (step=..., backward_step=...), so a student can put
 any ladder step inside a model. Causal is bottom-right aligned, as in the chapters and FlashAttention (key j is seen
 by query i when j <= i + Nk - Nq); with Nq == Nk that is SDPA's is_causal. Non-contiguous inputs are made contiguous
 (a copy).
@@ -106,8 +106,8 @@ def _checked(q, k, v, causal, scale, dropout_p, step, backward_step):
 def attention_with_lse(q, k, v, causal=False, scale=None, *, dropout_p=0.0, step=None, backward_step=None,
                        deterministic=False):
     """(O, LSE): O [B, H, Nq, d] in q's dtype, LSE [B, H, Nq] fp32 (natural log; -inf for a row that sees no key).
-    LSE is not differentiable (its gradient is not computed). deterministic: the backward's dQ by its second kernel
-    (bit-reproducible) instead of atomics."""
+    LSE is not differentiable (its gradient is not computed). deterministic: a bit-reproducible dQ instead of
+    atomics (a second dQ kernel, or, with bwd_v14_dq_ordered at d = 128, the K/V blocks adding dQ in a fixed order)."""
     args = _checked(q, k, v, causal, scale, dropout_p, step, backward_step)
     return _ops.forward(*args, bool(deterministic))
 
