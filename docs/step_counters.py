@@ -116,6 +116,9 @@ BWD_COLUMNS = COLUMNS + [
 MODES = ["atomic_dq", "determ_dq"]  # the program's order; its check lines name <step>_<mode>
 KV_KERNEL, DQ_KERNEL = "kv_kernel", "dq_kernel"  # every step's K/V-block kernel; backward/bwd_dq.cu's, shared by every step
 DQ_ROW = "/dq_kernel"  # the deterministic mode's dQ kernel: <step>/determ_dq/dq_kernel
+# (step, d) whose deterministic mode adds dQ in its K/V kernel, in a fixed order, and so launches no dq_kernel
+# (BACKWARD.md section 11.7; at d = 64 step 14 is step 13, which does).
+DQ_IN_KV = {("bwd_v14_dq_ordered", 128)}
 # Per backward step, the counters that should explain its gain over the step before it, as BACKWARD.md (sections 3
 # and 5) words it: step -> [(column of BWD_COLUMNS, the counter, what it should show), ...]. A step not here (a newer
 # one) gets a row of "—".
@@ -148,6 +151,28 @@ BWD_EXPLAINS = {
                          "(d = 128: step 7 itself)"),
                         ("instructions (M)", "warp instructions executed (millions)",
                          "8 fewer `ldmatrix.x4` per warp and tile at d = 64")],
+    # The Hopper steps (BACKWARD.md section 11.4), on an sm_90 GPU.
+    "bwd_v9_wgmma_tma": [("tensor pipe %", "tensor pipe busy, `mma.sync` and `wgmma` (%)",
+                          "the five products on `wgmma`, operands read from shared memory by the tensor cores"),
+                         ("instructions (M)", "warp instructions executed (millions)",
+                          "one `wgmma` for many `mma.sync` and their `ldmatrix`")],
+    "bwd_v10_dq_bulk_reduce": [("atomic requests (M)", "global atomic requests (millions)",
+                                "dQ added by bulk reduce-adds from shared memory: no per-element atomics"),
+                               ("L2 reduction sectors, all units (M)",
+                                "L2 sectors reduced, whoever sends them (millions)",
+                                "the same dQ bytes, now sent by the copy engine")],
+    "bwd_v11_dq_double_buffer": [("barrier", "warps waiting at a barrier, per issued instruction",
+                                  "the MMA warpgroups wait less for the writer to free a dQ tile")],
+    "bwd_v12_dq_tile_reduce": [("instructions (M)", "warp instructions executed (millions)",
+                                "two 16 KiB bulk copies per tile instead of 128 of 256 bytes"),
+                               ("barrier", "warps waiting at a barrier, per issued instruction",
+                                "the writer no longer holds the MMA warpgroups back")],
+    "bwd_v13_br128": [("barrier", "warps waiting at a barrier, per issued instruction",
+                       "d = 64: half the tiles per K/V block, half the per-tile waits per FLOP (d = 128: step 12)"),
+                      ("L2 reduction sectors, all units (M)", "L2 sectors reduced, whoever sends them (millions)",
+                       "d = 64: dQ split by rows, half the bytes reduced")],
+    "bwd_v14_dq_ordered": [("time (us)", "kernel time (us)",
+                            "d = 128, deterministic: no second dQ kernel (no `dq_kernel` row); d = 64: step 13")],
 }
 
 
@@ -248,21 +273,24 @@ def assign(steps, profiled, checked, d):
 
 def assign_backward(steps, profiled, checked, d):
     """Per step, in --bwd-kernel's order (the program runs each once per dQ mode with --iters 0): the atomic mode's
-    kv_kernel, the deterministic mode's kv_kernel, then its dq_kernel. Other kernels (the forward that makes O, the
-    rowsum D, chapter 04's) are left out; any other count or order of these two is an error."""
+    kv_kernel, the deterministic mode's kv_kernel, then its dq_kernel (none for the steps of DQ_IN_KV). Other kernels
+    (the forward that makes O, the rowsum D, chapter 04's) are left out; any other count or order of these two is an
+    error."""
     runs = [f"{s}_{m}" for s in steps for m in MODES]
     if checked != runs:
         raise Error(f"d = {d}: the program checked the backward runs\n    {' '.join(checked) or '(none)'}\n"
                     f"  its --help's steps in both dQ modes are\n    {' '.join(runs)}")
     ours = [(name, v) for name, v in profiled if name in (KV_KERNEL, DQ_KERNEL)]
-    want = [KV_KERNEL, KV_KERNEL, DQ_KERNEL] * len(steps)
+    has_dq = [(s, int(d)) not in DQ_IN_KV for s in steps]
+    want = [k for dq in has_dq for k in [KV_KERNEL, KV_KERNEL] + [DQ_KERNEL] * dq]
     got = [name for name, _ in ours]
     if got != want:
         raise Error(f"d = {d}: ncu profiled {got.count(KV_KERNEL)} launches of '{KV_KERNEL}' and "
                     f"{got.count(DQ_KERNEL)} of '{DQ_KERNEL}' for {len(steps)} steps x {len(MODES)} dQ modes "
                     f"({' '.join(steps)}): per step '{KV_KERNEL}' (atomic dQ), '{KV_KERNEL}' then '{DQ_KERNEL}' "
                     f"(deterministic) was expected; in launch order ncu saw\n    {' '.join(got) or '(none)'}")
-    keys = [k for s in steps for k in (f"{s}/{MODES[0]}", f"{s}/{MODES[1]}", f"{s}/{MODES[1]}{DQ_ROW}")]
+    keys = [k for s, dq in zip(steps, has_dq)
+            for k in [f"{s}/{MODES[0]}", f"{s}/{MODES[1]}"] + [f"{s}/{MODES[1]}{DQ_ROW}"] * dq]
     return [(key, v) for key, (_, v) in zip(keys, ours)]
 
 

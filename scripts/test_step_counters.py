@@ -96,11 +96,13 @@ FAKE_NCU = textwrap.dedent("""\
         kv = "void wsq::(anonymous namespace)::kv_kernel<__half, (int)64, (bool)%d>(fa::Problem, const __half *, " \
              "const __half *, const __half *, const float *, const __half *, const float *, float *, float *, float *)"
         names.append(fwd % 10)
-        for m in re.finditer(r"^check:\s+backward\s+\S+_(atomic|determ)_dq,", p.stdout, re.M):
+        d128 = "--head-dim 128" in " ".join(app)
+        for m in re.finditer(r"^check:\s+backward\s+(\S+)_(atomic|determ)_dq,", p.stdout, re.M):
             names.append("void wsq::bwd::(anonymous namespace)::rowsum_do_o_kernel<__half>(const __half *, const "
                          "__half *, float *, unsigned long, int)")
-            names.append(kv % (m.group(1) == "atomic"))
-            if m.group(1) == "determ" and not os.environ.get("FAKE_NO_DQ"):
+            names.append(kv % (m.group(2) == "atomic"))
+            dq_in_kv = m.group(1) == "bwd_v14_dq_ordered" and d128  # its dQ in the K/V kernel (DQ_IN_KV)
+            if m.group(2) == "determ" and not os.environ.get("FAKE_NO_DQ") and not dq_in_kv:
                 names.append("void wsq::bwd::(anonymous namespace)::dq_kernel<__half, (int)64>(fa::Problem, const "
                              "__half *, const __half *, const __half *, const float *, const __half *, const float *, "
                              "float *)")
@@ -337,6 +339,15 @@ class BackwardStepCounters(StepCounters):
         self.assertEqual({x["metric"] for x in self.rows()}, set(step_counters.BWD_NAMES) - {unknown})
         self.assertNotIn("L2 atomic sectors (M)", r.stdout)  # its column needs both sector counts
         self.assertRegex(r.stdout, r"\|  \| L2 sectors the atomics touch[^|]+\|[^|]+\| n/a → n/a \|")
+
+    def test_a_step_with_dq_in_its_kv_kernel_launches_no_dq_kernel(self):
+        steps = BWD_STEPS + ["bwd_v14_dq_ordered"]  # DQ_IN_KV at d = 128; at d = 64 it runs step 13 (a dq_kernel)
+        r = self.run_script(self.build, self.out, FAKE_BWD_STEPS=",".join(steps))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        got = {(x["step"], x["d"]) for x in self.rows()}
+        self.assertIn(("bwd_v14_dq_ordered/determ_dq/dq_kernel", "64"), got)
+        self.assertNotIn(("bwd_v14_dq_ordered/determ_dq/dq_kernel", "128"), got)
+        self.assertIn(("bwd_v14_dq_ordered/determ_dq", "128"), got)
 
     def test_a_launch_count_that_differs_from_the_steps_is_an_error(self):
         self.assert_failed(self.run_script(self.build, self.out, FAKE_LAUNCHES_EXTRA="1"),
