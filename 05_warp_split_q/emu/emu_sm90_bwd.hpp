@@ -1,6 +1,6 @@
 // The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-14 use besides the forward's
 // (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
-// shared-memory operands, float2 and its atomicAdd, __syncwarp, the proxy fence, a launch of any kernel signature,
+// shared-memory operands, float2 and its atomicAdd, the proxy fence, a launch of any kernel signature,
 // the bulk reduce-add with its bulk groups, and step 14's dQ counters. Include it before a backward Hopper file.
 // The bulk reduce-add is emulated as late as the PTX ISA allows, as a TMA load is: cp.reduce.async.bulk only
 // records the copy (and a snapshot of its source); commit_group closes the recorded copies into a group; the
@@ -22,7 +22,6 @@ struct float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu9::warp_sync(); }
 // One block runs at a time: an atomic add is a plain add (the order of the blocks is fixed, as it is not on a GPU).
 inline void atomicAdd(float2* at, float2 x) { at->x += x.x, at->y += x.y; }
 
