@@ -117,8 +117,8 @@ MODES = ["atomic_dq", "determ_dq"]  # the program's order; its check lines name 
 KV_KERNEL, DQ_KERNEL = "kv_kernel", "dq_kernel"  # every step's K/V-block kernel; backward/bwd_dq.cu's, shared by every step
 DQ_ROW = "/dq_kernel"  # the deterministic mode's dQ kernel: <step>/determ_dq/dq_kernel
 # (step, d) whose deterministic mode adds dQ in its K/V kernel, in a fixed order, and so launches no dq_kernel
-# (BACKWARD.md section 11.7; at d = 64 step 14 is step 13, which does).
-DQ_IN_KV = {("bwd_v14_dq_ordered", 128)}
+# (BACKWARD.md section 11.7).
+DQ_IN_KV = {("bwd_v14_dq_ordered", 64), ("bwd_v14_dq_ordered", 128)}
 # Per backward step, the counters that should explain its gain over the step before it, as BACKWARD.md (sections 3
 # and 5) words it: step -> [(column of BWD_COLUMNS, the counter, what it should show), ...]. A step not here (a newer
 # one) gets a row of "—".
@@ -172,7 +172,7 @@ BWD_EXPLAINS = {
                       ("L2 reduction sectors, all units (M)", "L2 sectors reduced, whoever sends them (millions)",
                        "d = 64: dQ split by rows, half the bytes reduced")],
     "bwd_v14_dq_ordered": [("time (us)", "kernel time (us)",
-                            "d = 128, deterministic: no second dQ kernel (no `dq_kernel` row); d = 64: step 13")],
+                            "deterministic: no second dQ kernel (no `dq_kernel` row), at d = 64 and 128")],
 }
 
 

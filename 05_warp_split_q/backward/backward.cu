@@ -51,13 +51,11 @@ void hopper_step(const fa::Problem& p, const T* q, const T* k, const T* v, const
 #define WSQ_HOPPER_BWD(fn) {hopper_step<fa::half_t, fn<fa::half_t>>, hopper_step<fa::bfloat16_t, fn<fa::bfloat16_t>>}
 
 // Step 14's driver: dq zeroed in both modes (its K/V kernel adds dQ in both), and in the deterministic mode the
-// counters after D in the workspace zeroed too (every call: they count one backward's additions). At d = 64 step 14
-// is step 13 (v14_dq_ordered.cu's header says why).
+// counters after D in the workspace zeroed too (every call: they count one backward's additions). Both head dims
+// run step 14's kernel (step 13's tile: Br = 128 at d = 64, 64 at d = 128), with no dQ kernel in either mode.
 template <class T>
 void hopper_step_ordered(const fa::Problem& p, const T* q, const T* k, const T* v, const T* o, const float* lse,
                          const T* dout, float* dq, float* dk, float* dv, DqMode mode, void* workspace) {
-  if (p.head_dim == 64)
-    return hopper_step<T, backward_v13_br128<T>>(p, q, k, v, o, lse, dout, dq, dk, dv, mode, workspace);
   check_supported(p);
   float* Dv = static_cast<float*>(workspace);
   bwd::prepare<T>(p, o, dout, Dv, dq, DqMode::Atomic);  // (the atomic mode's preparation: D, and dq zeroed)

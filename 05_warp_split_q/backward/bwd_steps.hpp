@@ -32,10 +32,12 @@ WSQ_BWD_KV_DECLARE(backward_v13_br128)
 #undef WSQ_BWD_KV_DECLARE
 
 // Step 14 computes dQ in its K/V kernel in both modes (dq zeroed): dq_order nullptr is the atomic mode, else the
-// deterministic one, with dq_order_ints(p) counters, zeroed, one per (batch, query head, Q block of kDqOrderRows).
-constexpr int kDqOrderRows = 64;
+// deterministic one, with dq_order_ints(p) counters, zeroed, one per (batch, query head, Q block of
+// dq_order_rows(head_dim) rows: step 14's Br, step 13's tile: 128 at d = 64, 64 at d = 128).
+constexpr int dq_order_rows(int head_dim) { return head_dim == 64 ? 128 : 64; }
 inline size_t dq_order_ints(const fa::Problem& p) {
-  return size_t(p.batch) * p.heads * ((p.q_len + kDqOrderRows - 1) / kDqOrderRows);
+  const int rows = dq_order_rows(p.head_dim);
+  return size_t(p.batch) * p.heads * ((p.q_len + rows - 1) / rows);
 }
 template <class T>
 void backward_v14_dq_ordered(const fa::Problem& p, const T* q, const T* k, const T* v, const float* lse, const T* dout,

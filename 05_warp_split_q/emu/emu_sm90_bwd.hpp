@@ -62,6 +62,7 @@ struct BulkGroups {
   std::vector<std::vector<BulkCopy>> committed;  // oldest first
   size_t unfinished = 0;  // committed groups no wait_group without .read has waited for (their adds may be running)
   const int* waited = nullptr;  // step 14: the dQ counter this thread last waited on (nullptr: none since a release)
+  bool takes_turns = false;     // step 14: this thread has waited for a turn (the ordered mode)
 };
 inline std::vector<BulkGroups> bulk;  // per thread of the block
 
@@ -70,7 +71,14 @@ inline void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) 
     std::fprintf(stderr, "emulated cp.reduce.async.bulk: address or size not a multiple of 16 bytes\n");
     std::abort();
   }
-  bulk[emu9::current].open.push_back({global, shared, std::vector<float>(shared, shared + bytes / 4)});
+  BulkGroups& b = bulk[emu9::current];
+  if (b.takes_turns && !b.waited) {  // step 14: once a thread takes turns, every add of its must be in one
+    std::fprintf(stderr, "emulated cp.reduce.async.bulk (%s schedule): thread %d: a reduce-add outside its turn (no "
+                         "dQ counter waited on since its last release)\n", emu9::schedule_name(emu9::schedule),
+                 emu9::current);
+    std::abort();
+  }
+  b.open.push_back({global, shared, std::vector<float>(shared, shared + bytes / 4)});
 }
 inline void bulk_commit() {
   BulkGroups& b = bulk[emu9::current];
@@ -112,11 +120,13 @@ inline void bulk_wait() {
 // starts (the earlier blocks have all released): the wait never spins; a turn that is never reached (a wrong turn,
 // a release missing) leaves the thread waiting forever, which the scheduler reports as a deadlock. What the
 // emulation checks besides: a release only after this thread waited on that counter, with no open copies and no
-// group left that a wait_group (not .read) has not waited for; the values the counters end with (the tests).
+// group left that a wait_group (not .read) has not waited for; once a thread has taken a turn, no reduce-add of its
+// outside one (between a release and its next wait); the values the counters end with (the tests).
 // The fences and the acquire/release scopes are not checked: the emulation is sequentially consistent. ----
 inline void dq_order_wait(const int* counter, int turn) {
   emu9::wait_until([=] { return *counter == turn; }, "a dQ counter (its turn never comes)");
   bulk[emu9::current].waited = counter;
+  bulk[emu9::current].takes_turns = true;
 }
 inline void dq_order_release(int* counter) {
   BulkGroups& b = bulk[emu9::current];

@@ -4,7 +4,8 @@
 // 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
 // negative scale, more Q tiles than ring buffers; outputs NaN-poisoned, judged by the rule of the GPU tests
 // (bwd_testing.hpp). D = rowsum(dO o O) is computed here, as the chapter's preprocess kernel does; the deterministic
-// mode's dQ kernel is the one test_bwd_emulated runs. Step 14 in both of its modes, with its dQ counters checked.
+// mode's dQ kernel is the one test_bwd_emulated runs. Step 14 in both of its modes at d = 64 and 128, with its dQ
+// counters and the deterministic mode's bit-identity checked.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -44,15 +45,16 @@ void check_grads(const Case& c, const std::vector<float>& dq, const std::vector<
           for (int e = 0; e < p.head_dim; ++e) REQUIRE(dq[p.q_offset(b, h) + size_t(i) * p.head_dim + e] == 0.f);
 }
 
-// Step 14 in both modes. Deterministic: each dQ tile's counter must end at the number of K/V blocks that add to it
-// (a prefix of the blocks: those that start at or before the tile), each having taken its turn once.
+// Step 14 in both modes, in two schedules each. Deterministic: each dQ tile's counter must end at the number of
+// K/V blocks that add to it (a prefix of the blocks: those that start at or before the tile), each having taken its
+// turn once; and dQ must come out bit-identical in every run.
 template <class T>
 void check_ordered(const Case& c, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
                    const std::vector<T>& dout, const std::vector<float>& Dv) {
   const Problem& p = c.p;
-  if (p.head_dim != 128) return;  // at d = 64 step 14 is step 13, checked with the other steps
-  constexpr int Br = wsq::kDqOrderRows, Bc = 128;
+  const int Br = wsq::dq_order_rows(p.head_dim), Bc = 128;  // step 14's tile: step 13's (Br = 128 at d = 64)
   const int q_blocks = (p.q_len + Br - 1) / Br, kv_blocks = (p.kv_len + Bc - 1) / Bc;
+  std::vector<float> first_dq;  // the deterministic mode's dQ of the first run
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
     for (const bool ordered : {false, true}) {
       emu9::schedule = schedule;
@@ -62,6 +64,7 @@ void check_ordered(const Case& c, const std::vector<T>& q, const std::vector<T>&
       std::memset(dk.data(), 0xFF, dk.size() * sizeof(float));  // NaN poison
       std::memset(dv.data(), 0xFF, dv.size() * sizeof(float));
       std::vector<int> order(wsq::dq_order_ints(p), 0);
+      REQUIRE(order.size() == size_t(p.batch) * p.heads * q_blocks);
       wsq::backward_v14_dq_ordered<T>(p, q.data(), k.data(), v.data(), c.lse.data(), dout.data(), Dv.data(),
                                       dq.data(), dk.data(), dv.data(), ordered ? order.data() : nullptr);
       check_grads(c, dq, dk, dv);
@@ -71,19 +74,28 @@ void check_ordered(const Case& c, const std::vector<T>& q, const std::vector<T>&
           for (int j = 0; j < kv_blocks; ++j) adders += p.first_query_seeing(j * Bc) / Br <= i;
           REQUIRE(order[size_t(bh) * q_blocks + i] == (ordered ? adders : 0));
         }
+      if (!ordered) continue;
+      if (first_dq.empty()) first_dq = dq;
+      else REQUIRE(std::memcmp(dq.data(), first_dq.data(), dq.size() * sizeof(float)) == 0);  // bit-identical
     }
+}
+
+// The preprocess: D_i = rowsum(dO_i o O_i) in fp32.
+std::vector<float> rowsum_do_o(const Case& c) {
+  std::vector<float> Dv(c.p.lse_elems());
+  for (size_t r = 0; r < Dv.size(); ++r) {
+    float s = 0.f;
+    for (int e = 0; e < c.p.head_dim; ++e) s += c.o[r * c.p.head_dim + e] * c.dout[r * c.p.head_dim + e];
+    Dv[r] = s;
+  }
+  return Dv;
 }
 
 template <class T>
 void check_steps(const Case& c, bool with_dq) {
   const Problem& p = c.p;
   const std::vector<T> q = to_dtype<T>(c.q), k = to_dtype<T>(c.k), v = to_dtype<T>(c.v), dout = to_dtype<T>(c.dout);
-  std::vector<float> Dv(p.lse_elems());  // the preprocess: D_i = rowsum(dO_i o O_i) in fp32
-  for (size_t r = 0; r < Dv.size(); ++r) {
-    float s = 0.f;
-    for (int e = 0; e < p.head_dim; ++e) s += c.o[r * p.head_dim + e] * c.dout[r * p.head_dim + e];
-    Dv[r] = s;
-  }
+  const std::vector<float> Dv = rowsum_do_o(c);
   const std::pair<const char*, KvFn<T>> steps[] = {{"bwd_v9_wgmma_tma", wsq::backward_v9_wgmma_tma<T>},
                                                    {"bwd_v10_dq_bulk_reduce", wsq::backward_v10_dq_bulk_reduce<T>},
                                                    {"bwd_v11_dq_double_buffer", wsq::backward_v11_dq_double_buffer<T>},
@@ -115,6 +127,21 @@ void check_all(const Problem& p, double stddev = 1.0, bool with_dq = true) {
   INFO(describe(p), " stddev=", stddev);
   check_steps<half_t>(wsq_bwd_testing::make_case(Dtype::fp16, p, stddev), with_dq);
   check_steps<bfloat16_t>(wsq_bwd_testing::make_case(Dtype::bf16, p, stddev), with_dq);
+}
+
+// Step 14 alone (both modes, both dtypes).
+void check_step14(const Problem& p) {
+  INFO(describe(p));
+  for (const Dtype t : {Dtype::fp16, Dtype::bf16}) {
+    const Case c = wsq_bwd_testing::make_case(t, p);
+    const std::vector<float> Dv = rowsum_do_o(c);
+    if (t == Dtype::fp16)
+      check_ordered<half_t>(c, to_dtype<half_t>(c.q), to_dtype<half_t>(c.k), to_dtype<half_t>(c.v),
+                            to_dtype<half_t>(c.dout), Dv);
+    else
+      check_ordered<bfloat16_t>(c, to_dtype<bfloat16_t>(c.q), to_dtype<bfloat16_t>(c.k), to_dtype<bfloat16_t>(c.v),
+                                to_dtype<bfloat16_t>(c.dout), Dv);
+  }
 }
 
 }  // namespace
@@ -155,4 +182,18 @@ TEST_CASE("emulated Hopper backward: large logits, a negative and a tiny scale, 
 TEST_CASE("emulated Hopper backward: the deterministic mode's K/V kernel (dK, dV only; dq untouched)") {
   check_all(make(1, 2, 1, 97, 130, 128, true), 1.0, false);
   check_all(make(1, 2, 1, 300, 130, 64, true), 1.0, false);  // step 13's own kernel (d = 128 is step 12's): 4 tiles
+}
+
+// Step 14's ordered dQ at d = 64 on step 13's tile (Br = 128, each warpgroup its own 64 rows of a Q block): Q blocks
+// half whole, half partial (113 rows: region 0 whole, region 1 15 rows, added in rows), wholly partial (17, 1),
+// q_len != kv_len both ways (causal: 90 rows see no key when q_len = 203, kv_len = 113), GQA, batch 2: several
+// blocks adding to each Q block in turn, several tiles per block.
+TEST_CASE("emulated Hopper backward: step 14's ordered dQ at d = 64 (Q blocks of 128 rows, ragged, GQA, batch 2)") {
+  for (bool causal : {false, true}) {
+    check_step14(make(2, 2, 1, 113, 203, 64, causal));
+    check_step14(make(1, 2, 1, 203, 113, 64, causal));
+    check_step14(make(1, 1, 1, 17, 1, 64, causal));
+    check_step14(make(1, 1, 1, 1, 17, 64, causal));
+    check_step14(make(1, 4, 2, 300, 400, 64, causal));
+  }
 }

@@ -5,8 +5,8 @@
 
 fp16 or bf16 CUDA tensors, head_dim 64 or 128, Hkv dividing H (GQA), any lengths (Nk >= 1). The forward step is the
 last one the GPU runs (v10_pingpong on an H100, v8_two_row_tiles on sm_80..sm_89), the backward the last backward
-step the GPU runs (bwd_v14_dq_ordered on an H100: step 13 at d = 64, step 12's kernel at d = 128, whose
-deterministic mode adds dQ in a fixed order inside the K/V kernel; bwd_v8_kv_frags elsewhere); both can be named
+step the GPU runs (bwd_v14_dq_ordered on an H100: step 13's tile, whose deterministic mode adds dQ in a fixed
+order inside the K/V kernel; bwd_v8_kv_frags elsewhere); both can be named
 (step=..., backward_step=...), so a student can put any ladder step inside a model. Causal is bottom-right aligned,
 as in the chapters and FlashAttention (key j is seen by query i when j <= i + Nk - Nq); with Nq == Nk that is SDPA's
 is_causal. Non-contiguous inputs are made contiguous (a copy).
