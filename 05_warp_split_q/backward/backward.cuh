@@ -38,7 +38,7 @@ using BackwardStep = fa::Step<fa::PerDtype<BackwardFn>>;
 const std::vector<BackwardStep>& backward_steps();
 
 // Device memory backward needs besides its inputs and outputs: D = rowsum(dO o O), [B,H,Nq] fp32, then step 14's
-// dQ counters (an int per 64-row Q block of each head).
+// dQ counters (an int per Q block of each head: 128 rows at d = 64, 64 at d = 128).
 // Allocate it once (outside timing loops) and pass it as `workspace`.
 size_t backward_workspace_bytes(const fa::Problem& p);
 

@@ -26,9 +26,10 @@
 //              free at once: its buffer goes back to the MMA warpgroups right after the wait. Only the writer warp
 //              waits for turns; the MMA warpgroups wait only when both dQ tiles are still with the writer.
 //   partial:   a region that lies partly past q_len (the last of a head) has no whole range of its own. Ordered, its
-//              rows go through the shared tile in ROWS (step 11's layout, 64 floats a row), and the writer adds them
-//              with one 256-byte reduce-add per row, in turn like the whole regions. Step 13's float2 atomics from the
-//              MMA threads could not wait for a turn. (At d = 64 a Q block may be half whole, half partial.)
+//              share goes through the shared tile in ROWS: the tile taken as Br x d floats row-major, so the rows
+//              before q_len are laid out as dq's own rows, and the writer adds them with one more reduce-add, in turn
+//              like the whole regions. Step 13's float2 atomics from the MMA threads could not wait for a turn. (At
+//              d = 64 a Q block may be half whole, half partial: its region 0 in fragment order, region 1 in rows.)
 //   no deadlock: the grid runs j downwards (blockIdx.x = number of K/V blocks - 1 - j), so block j waits only for
 //              blocks of the same (kv head, batch) with lower linear block indices, launched before it; the lowest
 //              unfinished block has no one left to wait for.
@@ -92,6 +93,7 @@ struct Tile {
   // d = 64: Br = 128 queries, dQ split by rows; d = 128: Br = 64 (128 does not fit: step 13's header), by panels.
   static constexpr bool kRowSplit = D == 64;
   static constexpr int Br = kRowSplit ? 128 : 64;  // the N of S^T (one m64n{Br} wgmma per k16 step)
+  // setmaxnreg: step 13's at d = 64 (at 232 ptxas serialises the wgmma there), step 12's at d = 128
   static constexpr int kProducerRegs = kRowSplit ? 24 : 40, kMmaRegs = kRowSplit ? 240 : 232;
   static constexpr int kPanels = D / kPanelCols;  // 64-column panels of K_j, V_j, Q_i, dO_i
   // Region w of a dQ tile: rows row0(w) .. + 63 and columns col0(w) .. + 63 of the Q block. In global memory it is
@@ -154,7 +156,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j0 = jb * Bc, hk = blockIdx.y, b = blockIdx.z;
   const int i_first = p.first_query_seeing(j0) / Br * Br;  // causal: the Q blocks before it see no key of the block
   const int q_tiles = i_first < p.q_len ? (p.q_len - i_first + Br - 1) / Br : 0;
-  const int n_tiles = p.group() * q_tiles;  // (query head, Q block) pairs, head-major
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);  // warp-uniform for ptxas (forward step 9)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -170,6 +171,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kMma) {  // warpgroup 2: warp 8 is the producer, warp 9 the dQ writer
     setmaxnreg_dec<Tl::kProducerRegs>();
+    // (query head, Q block) pairs, head-major. Computed on each side of setmaxnreg, not before it: at d = 64 the
+    // ordered writer leaves no room in the producer warpgroup's 24 registers, and a value live across the split
+    // was spilled (ptxas -v).
+    const int n_tiles = p.group() * q_tiles;
     // A block without a tile (impossible with the bottom-right mask: the last query sees every key) loads nothing:
     // no copy may still be landing when the block exits.
     if (warp % 4 > 1 || n_tiles == 0) return;
@@ -225,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&empty[s], ((tile / kStages) & 1) ^ 1);  // round r reuses buffer s after the MMA's release r - 1
       // L_i, D_i: Br rows at an offset that need not be 16-byte aligned (any q_len), so not a bulk copy. L_i is
       // stored times log2(e) (line 6 in base 2); rows past q_len get 0: line 6's mask zeroes them.
+      #pragma unroll 2  // (d = 64: 4 rows a lane, 2 at a time; all 4 at once do not fit in 24 registers: spilled)
       for (int r = lane; r < Br; r += 32) {
         const bool in = i0 + r < p.q_len;
         Ls[s * Br + r] = in ? lse[p.lse_offset(b, h) + i0 + r] * kLog2e : 0.f;
@@ -247,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // MMA warpgroups. This thread holds keys kr and kr + 8 of the block (rows of dK_j, dV_j, S^T, dP^T), and rows
   // 16 (warp % 4) + g, + 8 of its dQ region.
   setmaxnreg_inc<Tl::kMmaRegs>();
+  const int n_tiles = p.group() * q_tiles;  // (the producer's, computed on this side of setmaxnreg)
   const int g = frag::group(lane), t = frag::thread_in_group(lane);
   const int kr = 64 * wg + 16 * (warp % 4) + g;
   const unsigned char* Ks_wg = bytes_of(Ks) + 64 * wg * kRowBytes;  // its 64 keys within each K_j panel

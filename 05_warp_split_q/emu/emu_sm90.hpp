@@ -263,7 +263,12 @@ inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
 inline void named_bar_sync(int id, int threads) { emu9::bar_sync(emu9::named[id], threads, "a named barrier"); }
-inline void named_bar_arrive(int id, int threads) { emu9::bar_arrive(emu9::named[id], threads); }
+// bar.arrive does not wait, but the threads it releases may run at once, before this thread's next instruction: the
+// emulated arrive lets them (a store moved below an arrive that should cover it then lands after its reader ran).
+inline void named_bar_arrive(int id, int threads) {
+  emu9::bar_arrive(emu9::named[id], threads);
+  emu9::yield();
+}
 
 // One box of kPanelCols columns x box_rows rows of one plane, swizzled into shared memory; its bytes counted.
 inline void copy_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {

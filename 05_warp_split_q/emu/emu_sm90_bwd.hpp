@@ -22,8 +22,22 @@ struct float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+namespace wsq::sm90 {
+namespace {
+inline bool block_takes_turns();
+}
+}  // namespace wsq::sm90
 // One block runs at a time: an atomic add is a plain add (the order of the blocks is fixed, as it is not on a GPU).
-inline void atomicAdd(float2* at, float2 x) { at->x += x.x, at->y += x.y; }
+// So an atomic add in step 14's ordered mode would land in the order of the turns here, and on a GPU in any order: a
+// block that takes turns may not make one (emulated: once one of its threads has taken a turn).
+inline void atomicAdd(float2* at, float2 x) {
+  if (wsq::sm90::block_takes_turns()) {
+    std::fprintf(stderr, "emulated atomicAdd: a float2 atomic in a block that adds dQ in turns (it cannot wait for "
+                         "one)\n");
+    std::abort();
+  }
+  at->x += x.x, at->y += x.y;
+}
 
 namespace wsq::sm90 {
 
@@ -65,6 +79,9 @@ struct BulkGroups {
   bool takes_turns = false;     // step 14: this thread has waited for a turn (the ordered mode)
 };
 inline std::vector<BulkGroups> bulk;  // per thread of the block
+inline bool block_takes_turns() {
+  return std::any_of(bulk.begin(), bulk.end(), [](const BulkGroups& b) { return b.takes_turns; });
+}
 
 inline void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) {
   if (bytes % 16 || reinterpret_cast<uintptr_t>(global) % 16 || smem_addr(shared) % 16) {

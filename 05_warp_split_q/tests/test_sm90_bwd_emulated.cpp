@@ -186,14 +186,14 @@ TEST_CASE("emulated Hopper backward: the deterministic mode's K/V kernel (dK, dV
 
 // Step 14's ordered dQ at d = 64 on step 13's tile (Br = 128, each warpgroup its own 64 rows of a Q block): Q blocks
 // half whole, half partial (113 rows: region 0 whole, region 1 15 rows, added in rows), wholly partial (17, 1),
-// q_len != kv_len both ways (causal: 90 rows see no key when q_len = 203, kv_len = 113), GQA, batch 2: several
-// blocks adding to each Q block in turn, several tiles per block.
+// q_len != kv_len both ways (causal: 90 rows see no key when q_len = 203, kv_len = 113), GQA 2/1 and batch 2: two
+// K/V blocks adding to each Q block in turn, two tiles (query heads) per block. (Step 14 also runs in check_steps,
+// at every shape of the cases above: GQA 4/2, 10 tiles per block, Q blocks that see no key.)
 TEST_CASE("emulated Hopper backward: step 14's ordered dQ at d = 64 (Q blocks of 128 rows, ragged, GQA, batch 2)") {
   for (bool causal : {false, true}) {
     check_step14(make(2, 2, 1, 113, 203, 64, causal));
     check_step14(make(1, 2, 1, 203, 113, 64, causal));
     check_step14(make(1, 1, 1, 17, 1, 64, causal));
     check_step14(make(1, 1, 1, 1, 17, 64, causal));
-    check_step14(make(1, 4, 2, 300, 400, 64, causal));
   }
 }

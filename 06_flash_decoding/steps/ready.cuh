@@ -28,10 +28,10 @@ int occupancy() {
   return n;
 }
 
-// kernel<<<grid, Threads, smem_bytes>>>(args...), checked (Threads: the chapter's kThreads unless a kernel says).
-template <int Threads = kThreads, class... Params, class... Args>
+// kernel<<<grid, kThreads, smem_bytes>>>(args...), checked.
+template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, int smem_bytes, Args... args) {
-  kernel<<<grid, Threads, smem_bytes>>>(args...);
+  kernel<<<grid, kThreads, smem_bytes>>>(args...);
   CHECK_LAUNCH();
 }
 

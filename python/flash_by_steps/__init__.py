@@ -107,7 +107,7 @@ def attention_with_lse(q, k, v, causal=False, scale=None, *, dropout_p=0.0, step
                        deterministic=False):
     """(O, LSE): O [B, H, Nq, d] in q's dtype, LSE [B, H, Nq] fp32 (natural log; -inf for a row that sees no key).
     LSE is not differentiable (its gradient is not computed). deterministic: a bit-reproducible dQ instead of
-    atomics (a second dQ kernel, or, with bwd_v14_dq_ordered at d = 128, the K/V blocks adding dQ in a fixed order)."""
+    atomics (a second dQ kernel, or, with bwd_v14_dq_ordered, the K/V blocks adding dQ in a fixed order)."""
     args = _checked(q, k, v, causal, scale, dropout_p, step, backward_step)
     return _ops.forward(*args, bool(deterministic))
 

@@ -76,9 +76,9 @@ template <auto Kernel, int Bytes>
 int occupancy() {
   return 1;
 }
-// The grid's blocks one after another, each with Threads GPU threads and its shared memory filled with garbage, as
+// The grid's blocks one after another, each with kThreads GPU threads and its shared memory filled with garbage, as
 // real shared memory is, and no cp.async left over from the block before.
-template <int Threads = kThreads, class... Params, class... Args>
+template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, int smem_bytes, Args... args) {
   if (smem_bytes > 0 && !step_shared) throw std::logic_error("emulated launch: FDEC_EMU_SHARED_MEMORY missing");
   static void (*k)(Params...);
@@ -92,7 +92,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, int smem_bytes, Args...
         if (smem_bytes > 0) std::memset(step_shared, 0xA5, size_t(smem_bytes));
         for (auto& g : emu::committed) g.clear();
         for (auto& g : emu::open_group) g.clear();
-        emu::run_block(Threads, {x, y, z});
+        emu::run_block(kThreads, {x, y, z});
       }
 }
 
