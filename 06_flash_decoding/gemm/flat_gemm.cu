@@ -1,26 +1,27 @@
 // flat: Y[M, N] = X[M, K] W^T on tensor cores for a flat GEMM, M <= 8 (README.md §3-§5). The one idea (FlashDecoding++'s
 // flat GEMM): swap the operands, Y^T = W X^T, so that the tiny M is the n = 8 side of mma.m16n8k16 and the large N
-// the m = 16 side: 16 rows of W (16 outputs n) are the A operand, the 8 rows of X (padded to 8 with zeros) the B
-// operand. Padded to 8, 0-7 of every 8 products are wasted at M = 1..8; padded to a usual 64-row tile, 56-63 of 64.
-// Grid: (ceil(N / 64), splits, ceil(M / 8)); 256 threads = 8 warps: warp w computes the 16 x 8 tile of Y^T for
-// outputs n0 + 16 (w % 4) .. + 15 and the block's 8 rows of X (one C fragment: 4 fp32 per lane) over half of each K
-// tile's k-steps (w / 4: the even or the odd ones); the two halves are added once, at the end, by warps 0-3. Eight
-// warps, not four: each issues half the ldmatrix and mma of a tile, and twice the threads issue the copies (README §4).
-// M > 8: blockIdx.z is the group of 8 rows (the groups re-read W's tile, mostly from L2).
-// Pipeline: K is cut into tiles of 128; a stage holds the block's W tile [64][128] (16 KiB) and X tile [8][128]
-// (rows padded by 16 bytes: the 8 rows an ldmatrix phase reads fall in 8 different bank groups), copied by cp.async
-// with L2 asked for whole 256-byte blocks. Three stages: while the warps multiply tile t, tiles t + 1 and t + 2 are in
-// flight, 32 KiB of W per block, and three blocks fit an H100's SM: 96 KiB per SM (README §4).
-// Shared memory: 3 stages x (64 + 8) rows x 136 halves x 2 bytes = 58,752 bytes (opt-in above 48 KB, ready.cuh), and
-// 2 KiB where the k-halves meet: three blocks per SM on an H100 (228 KB), two on an A100 (164 KB).
-// Split-K: blockIdx.y takes a contiguous range of K tiles (flat_splits in gemm.cuh: as many pieces as keep every
-// block resident at once, so the SMs share the stream evenly) and writes fp32 partial sums to workspace
-// [splits, M, N]; the last block of an output tile to finish (an acquire-release count, as chapter 06's fused merge)
-// adds the splits in split order, so the result is deterministic without a second launch.
-// K must be a multiple of 8 (gemm.cuh check_shape); the last K tile, rows n >= N and rows m >= M are zero-filled.
+// the m = 16 side: 16 rows of W (16 outputs n) are the A operand, the 8 rows of X (padded to 8) the B operand.
+// Padded to 8, 0-7 of every 8 products are wasted at M = 1..8; padded to a usual 64-row tile, 56-63 of 64.
+// Grid: (ceil(N / 64), splits, ceil(M / 8)); 128 threads = 4 warps; warp w computes the 16 x 8 tile of Y^T for
+// outputs n0 + 16 w .. + 15 and the block's 8 rows of X (one C fragment: 4 fp32 per lane). M > 8: blockIdx.z is the
+// group of 8 rows (the groups re-read W's rows, mostly from L2).
+// W through registers, not shared memory (README §4): no weight is used by two warps, so nothing needs sharing. Per K
+// tile of 128, lane (g, t) loads 16 bytes of W's rows g and g + 8 and of X's row g from each of the tile's four chunks
+// of 32 k (k 32 c + 8 t .. + 7): 12 loads of 16 bytes in flight before the first mma, 4 KiB of W a warp. No shared
+// memory and no barrier in the loop; 72 registers a thread (ptxas, CUDA 13), so registers allow 7 blocks an SM
+// (flat::blocks_per_sm asks the GPU). The 8 halves of a piece feed both k-steps of the chunk: k 32 c + 8 t + 4 s +
+// {0, 1} play the parts of k 2t, 2t + 1 of k-step s, and + {2, 3} those of 2t + 8, 2t + 9 (frag.hpp's A and B maps),
+// for W and X alike, so every product pairs the same weight with the same x as the fragment maps would; only the
+// order of the fp32 sums changes.
+// Split-K: blockIdx.y takes a contiguous range of K tiles (flat_splits in gemm.cuh: 1, 2 or 4 pieces, whichever
+// spreads the blocks over the SMs best) and writes fp32 partial sums to workspace [splits, M, N]; the last block of
+// an output tile to finish (an acquire-release count, as chapter 06's fused merge) adds the splits in split order, so
+// the result is deterministic without a second launch.
+// K must be a multiple of 8 (gemm.cuh check_shape): a 16-byte piece lies wholly inside K or wholly past it, and
+// pieces past K load zeros. Rows n >= N load row N - 1 and rows m >= M row M - 1 (their products are not stored).
 #include <stdexcept>
 
-#include "async_ptx.cuh"
+#include "async_ptx.cuh"  // atomic_add_acq_rel
 #include "frag.hpp"
 #include "gemm.cuh"
 #include "merge.cuh"  // merge_counters: the arrival counts, left at zero by every launch
@@ -31,90 +32,79 @@ namespace fdec::gemm::flat {
 namespace {
 
 namespace frag = fa::frag;
-constexpr int kTileN = kFlatTileN;               // outputs n per block: 16 per warp of a k-half
-constexpr int kTileK = kFlatTileK;               // k per stage
-constexpr int kStride = kFlatStride;             // halves per shared row: 16 bytes of padding
-constexpr int kPieces = kTileK / 8;              // 16-byte pieces per row of a tile
-constexpr int kStageRows = kTileN + kGroupRows;  // W's 64 rows, then X's 8
-constexpr int kStageHalves = kStageRows * kStride;
-constexpr int kStages = kFlatStages;             // tiles in flight while one is multiplied: kStages - 1
-constexpr int kSmemBytes = kFlatSmemBytes;       // 58,752
-constexpr int kWarpsN = kTileN / 16, kWarpsK = 2;  // 4 warps along n, 2 along the k-steps of a tile
-constexpr int kFlatThreads = 32 * kWarpsN * kWarpsK;
-static_assert(kSmemBytes == kStages * kStageHalves * 2, "gemm.cuh's budget is this layout's");
-static_assert(kTileK % (16 * kWarpsK) == 0, "a stage is a whole number of mma k-steps for each k-half");
-static_assert(2 * kSmemBytes <= 164 * 1024, "two blocks per SM, on an A100 too");
+constexpr int kTileN = kFlatTileN;           // outputs n per block: 16 per warp
+constexpr int kTileK = kFlatTileK;           // k per round of loads
+constexpr int kChunk = 32;                   // k per chunk: 8 halves for each of a quad's 4 lanes
+constexpr int kChunks = kTileK / kChunk;     // chunks per K tile: 16-byte loads of a row in flight per lane
+static_assert(kTileN == 16 * kWarps, "each warp owns 16 outputs: the m = 16 side of one mma");
+static_assert(kTileK % kChunk == 0, "a K tile is a whole number of chunks");
 
-// Copies K tile [k0, k0 + 128) of W's rows n0 .. n0 + 63 and X's rows m0 .. m0 + 7 into `stage` (cp.async, one
-// group: the caller commits). Pieces outside W, X or K are zero-filled, so they add nothing to the products. Every
-// copy asks L2 for the 256-byte block around it (a row's K tile is 256 bytes: one request to HBM for it, not two of
-// 128); no eviction policy: L2's default (KvPolicy is chapter 06's K/V stream's, here without evict-first).
-__device__ __forceinline__ void copy_tile(const Args& a, int n0, int m0, int k0, __half* stage, KvPolicy pol) {
-  for (int i = threadIdx.x; i < kStageRows * kPieces; i += kFlatThreads) {
-    const int r = i / kPieces, c = i % kPieces, k = k0 + 8 * c;
-    const bool of_w = r < kTileN;
-    const int row = of_w ? n0 + r : m0 + r - kTileN;
-    const __half* base = of_w ? a.w : a.x;
-    const bool valid = k < a.k && row < (of_w ? a.n : a.m);
-    cp_async16(stage + r * kStride + 8 * c, valid ? base + size_t(row) * a.k + k : base, valid, pol);
-  }
+// 16 bytes of W: read once by one lane, so not kept in L1; L2 asked for the whole 256-byte block around them (the
+// quad's four lanes read 64 bytes of a row per chunk, the K tile's four chunks 256).
+__device__ __forceinline__ uint4 load_w(const __half* p) {
+#ifdef __CUDA_ARCH__
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+#else
+  return *reinterpret_cast<const uint4*>(p);  // the CPU emulation (../tests/emu/emu.hpp)
+#endif
+}
+// 16 bytes of X: every block reads the same rows of X, so they stay in L1 and L2 (the default caching). Like load_w
+// an asm volatile, so that the compiler keeps the tile's twelve loads ahead of its first mma (a plain load could sink
+// to its use, and each mma would wait for its own load).
+__device__ __forceinline__ uint4 load_x(const __half* p) {
+#ifdef __CUDA_ARCH__
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#else
+  return *reinterpret_cast<const uint4*>(p);
+#endif
 }
 
-__global__ void __launch_bounds__(kFlatThreads) flat_kernel(Args a, int* done) {
-  extern __shared__ float4 smem4[];
-  __half* smem = reinterpret_cast<__half*>(smem4);
+__global__ void __launch_bounds__(kThreads) flat_kernel(Args a, int* done) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wn = warp % kWarpsN, wk = warp / kWarpsN;  // the warp's 16 outputs, its k-half
   const int g = frag::group(lane), t = frag::thread_in_group(lane);
   const int n0 = blockIdx.x * kTileN, split = blockIdx.y, m0 = blockIdx.z * kGroupRows;
   const int k_tiles = (a.k + kTileK - 1) / kTileK;
-  const int kt_begin = split * k_tiles / a.splits, tiles = (split + 1) * k_tiles / a.splits - kt_begin;
-  const KvPolicy pol = kv_policy(false);
+  const int kt_begin = split * k_tiles / a.splits, kt_end = (split + 1) * k_tiles / a.splits;
+  // This lane's rows: W's g and g + 8 of the warp's 16 (A's rows), X's g of the group (B's column n = g).
+  const int w_row0 = min(n0 + warp * 16 + g, a.n - 1), w_row1 = min(n0 + warp * 16 + g + 8, a.n - 1);
+  const int x_row = m0 + min(g, a.m - m0 - 1);
+  const __half* w0 = a.w + size_t(w_row0) * a.k + 8 * t;
+  const __half* w1 = a.w + size_t(w_row1) * a.k + 8 * t;
+  const __half* x = a.x + size_t(x_row) * a.k + 8 * t;
 
-  float acc[4] = {};  // C fragment of Y^T: rows (n) g and g + 8 of the warp's 16, columns (m) 2t and 2t + 1; k-half wk
-  // Prologue: tiles 0 .. kStages - 2 in flight, one commit group each (empty past the last tile, so that group i is
-  // always tile i and the wait below needs no case for the end).
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < tiles) copy_tile(a, n0, m0, (kt_begin + s) * kTileK, smem + s * kStageHalves, pol);
-    cp_async_commit();
-  }
-  for (int i = 0; i < tiles; ++i) {
-    cp_async_wait<kStages - 2>();  // all but the newest kStages - 2 groups: this thread's copies of tile i landed
-    __syncthreads();  // ... and everyone's; and every warp is done with tile i - 1, whose stage is refilled next
-    const int next = i + kStages - 1;
-    if (next < tiles) copy_tile(a, n0, m0, (kt_begin + next) * kTileK, smem + (next % kStages) * kStageHalves, pol);
-    cp_async_commit();
-    const __half* Ws = smem + (i % kStages) * kStageHalves + wn * 16 * kStride;  // A: the warp's 16 rows of W
-    const __half* Xs = smem + (i % kStages) * kStageHalves + kTileN * kStride;   // B: the 8 rows of X, [n][k]
+  float acc[4] = {};  // C fragment of Y^T: rows (n) g and g + 8 of the warp's 16, columns (m) 2t and 2t + 1
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    uint4 wa[kChunks], wb[kChunks], xb[kChunks];
 #pragma unroll
-    for (int ks = wk; ks < kTileK / 16; ks += kWarpsK) {  // this warp's k-half: every other k-step
-      uint32_t af[4], bf[2];
-      fa::tc::ldmatrix_x4(af, Ws + frag::a_tile_row(lane) * kStride + 16 * ks + frag::a_tile_col(lane));
-      // B's b0, b1 are (k 2t, 2t + 1; n g): two neighbouring halves of row g of X; b2, b3 the same 8 columns on
-      const __half* x_row = Xs + g * kStride + 16 * ks + 2 * t;
-      bf[0] = fa::tc::lds32(x_row), bf[1] = fa::tc::lds32(x_row + 8);
-      fa::tc::mma_16816<__half>(acc, af, bf);
+    for (int c = 0; c < kChunks; ++c) {  // every load of the tile issued before the first is used
+      const int k = kt * kTileK + c * kChunk;  // + 8 t: this lane's piece
+      if (k + 8 * t < a.k) {
+        wa[c] = load_w(w0 + k), wb[c] = load_w(w1 + k), xb[c] = load_x(x + k);
+      } else {
+        wa[c] = wb[c] = xb[c] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      // k-step 0 of the chunk: halves 0-1 (a0, b0) and 2-3 (a2, b1) of each lane's piece; k-step 1: halves 4-7.
+      const uint32_t a_s0[4] = {wa[c].x, wb[c].x, wa[c].y, wb[c].y}, b_s0[2] = {xb[c].x, xb[c].y};
+      const uint32_t a_s1[4] = {wa[c].z, wb[c].z, wa[c].w, wb[c].w}, b_s1[2] = {xb[c].z, xb[c].w};
+      fa::tc::mma_16816<__half>(acc, a_s0, b_s0);
+      fa::tc::mma_16816<__half>(acc, a_s1, b_s1);
     }
   }
 
-  // The two k-halves' sums added through shared memory of their own (not a stage: no wait for the other warps' last
-  // reads of it): warps 4-7 (odd k-steps) hand theirs to warps 0-3, which finish the block, in one order, so the
-  // same bits every run.
-  static __shared__ float halves[kWarpsN][4][32];  // the odd k-steps' C fragments (static: one per block)
-  if (wk == 1)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) halves[wn][e][lane] = acc[e];
-  __syncthreads();
-  if (wk == 0)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] += halves[wn][e][lane];
-
   if (a.splits == 1) {
-    if (wk == 1) return;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const frag::RowCol rc = frag::c_elem(lane, e);
-      const int n = n0 + wn * 16 + rc.row, m = m0 + rc.col;
+      const int n = n0 + warp * 16 + rc.row, m = m0 + rc.col;
       if (n < a.n && m < a.m) a.y[size_t(m) * a.n + n] = __float2half_rn(acc[e]);
     }
     return;
@@ -123,13 +113,12 @@ __global__ void __launch_bounds__(kFlatThreads) flat_kernel(Args a, int* done) {
   // every thread's stores before thread 0's release; its acquire, and the second barrier, put the last block's loads
   // after every other split's stores.
   const size_t elems = size_t(a.m) * a.n;
-  if (wk == 0)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const frag::RowCol rc = frag::c_elem(lane, e);
-      const int n = n0 + wn * 16 + rc.row, m = m0 + rc.col;
-      if (n < a.n && m < a.m) a.workspace[split * elems + size_t(m) * a.n + n] = acc[e];
-    }
+  for (int e = 0; e < 4; ++e) {
+    const frag::RowCol rc = frag::c_elem(lane, e);
+    const int n = n0 + warp * 16 + rc.row, m = m0 + rc.col;
+    if (n < a.n && m < a.m) a.workspace[split * elems + size_t(m) * a.n + n] = acc[e];
+  }
   static __shared__ int last;  // one for the block
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -138,11 +127,11 @@ __global__ void __launch_bounds__(kFlatThreads) flat_kernel(Args a, int* done) {
     if (last) *count = 0;  // every split of this tile has counted: ready for the next launch
   }
   __syncthreads();
-  if (!last || wk == 1) return;
+  if (!last) return;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {  // Y = the splits' partials added in split order, whichever block came last
     const frag::RowCol rc = frag::c_elem(lane, e);
-    const int n = n0 + wn * 16 + rc.row, m = m0 + rc.col;
+    const int n = n0 + warp * 16 + rc.row, m = m0 + rc.col;
     if (n >= a.n || m >= a.m) continue;
     float s = 0.f;
     for (int p = 0; p < a.splits; ++p)  // L2 loads (ld.cg): L1 is not coherent with the other SMs' stores
@@ -162,7 +151,9 @@ void launch(const Args& a) {
                                 "), with a workspace when above 1");
   const dim3 grid((a.n + kTileN - 1) / kTileN, a.splits, (a.m + kGroupRows - 1) / kGroupRows);
   int* done = a.splits > 1 ? merge_counters(size_t(grid.x) * grid.z) : nullptr;
-  launch_kernel<kFlatThreads>(ready<flat_kernel, kSmemBytes>(), grid, kSmemBytes, a, done);
+  launch_kernel(flat_kernel, grid, 0, a, done);
 }
+
+int blocks_per_sm() { return occupancy<flat_kernel, 0>(); }
 
 }  // namespace fdec::gemm::flat

@@ -42,38 +42,34 @@ inline void check_shape(int m, int n, int k) {
                          ": the kernels read rows of X and W in 16-byte pieces (pad K to a multiple of 8)");
 }
 
-// The flat GEMM's tile and shared memory (flat_gemm.cu), and its split-K: as many pieces of K as keep every block
-// resident at once (`slots` = blocks one SM holds x SMs, flat_blocks_per_sm): one wave, no block waiting for
-// another, and the stream of W shared by every SM as evenly as the grid allows; but at most kFlatPieces (each piece
-// is one more partial that the last block of a tile reads and adds after everyone's work: README §5) and at least
-// one K tile per piece. When the N tiles alone fill the slots, one piece.
-constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16, twice: two k-halves)
-constexpr int kFlatTileK = 128;  // k per pipeline stage
-constexpr int kFlatStride = kFlatTileK + 8;  // halves per shared row (16 bytes of padding)
-constexpr int kFlatStages = 3;
-constexpr int kFlatPieces = 4;  // flat_splits' most pieces (a launch accepts up to kMaxSplits)
-constexpr int kFlatSmemBytes = kFlatStages * (kFlatTileN + kGroupRows) * kFlatStride * 2;  // 58,752, dynamic
-// Blocks of the flat kernel one SM holds, from its shared memory (sharedMemPerMultiprocessor): the stages, 2 KiB
-// more where its two k-halves meet, and 1 KB the driver keeps per block: 3 on an H100 (228 KB), 2 on an A100
-// (164 KB). Its 256 threads never limit it first.
-inline int flat_blocks_per_sm(size_t smem_per_sm) {
-  const int n = int(smem_per_sm / (kFlatSmemBytes + 2048 + 1024));
-  return n < 1 ? 1 : n;
-}
-inline int flat_splits(int m, int n, int k, int slots) {
+// The flat GEMM's split-K (flat_gemm.cu): 1, 2 or 4 pieces of K, whichever spreads the blocks over the SMs most
+// evenly (the last round of blocks the fullest; on a tie the more pieces, more loads in flight), among those that
+// keep every block resident at once (`slots` = blocks one SM holds x SMs: flat::blocks_per_sm), at least one K tile
+// a piece. A round of blocks that leaves SMs idle streams W with fewer loads in flight than the GPU could keep.
+constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16)
+constexpr int kFlatTileK = 128;  // k per round of loads
+constexpr int kFlatPieces = 4;   // flat_splits' most pieces (a launch accepts up to kMaxSplits)
+inline int flat_splits(int m, int n, int k, int sms, int slots) {
   const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kGroupRows - 1) / kGroupRows);
   const int k_tiles = (k + kFlatTileK - 1) / kFlatTileK;
-  long long s = slots / blocks;  // floor: blocks x s <= slots
-  if (s > kFlatPieces) s = kFlatPieces;
-  if (s > k_tiles) s = k_tiles;
-  return s < 1 ? 1 : int(s);
+  int best = 1;
+  long long best_blocks = 0, best_room = 1;  // the best fill so far: best_blocks / best_room
+  for (int s = 1; s <= kFlatPieces && s <= k_tiles; s *= 2) {
+    const long long b = blocks * s, room = (b + sms - 1) / sms * sms;  // room: whole rounds of one block per SM
+    if (s > 1 && b > slots) break;
+    if (b * best_room >= best_blocks * room) best = s, best_blocks = b, best_room = room;
+  }
+  return best;
 }
 inline size_t workspace_floats(const Args& a) { return a.splits > 1 ? size_t(a.splits) * a.m * a.n : 0; }
 
 // The kernels' host functions (one per file; each launches through steps/ready.cuh's launch_kernel, so that the
 // emulation of 06's tests/emu/emu.hpp runs the same source on the CPU).
 namespace gemv { void launch(const Args& a); }
-namespace flat { void launch(const Args& a); }
+namespace flat {
+void launch(const Args& a);
+int blocks_per_sm();  // how many blocks of the flat kernel one SM of the current GPU holds
+}  // namespace flat
 namespace tile { void launch(const Args& a); }
 
 // The ceiling (read_w.cu): W's 2 N K bytes read in 16-byte loads and nothing else, with every SM busy. It XORs
@@ -92,7 +88,7 @@ inline const std::vector<Kernel>& kernels() {
   static const std::vector<Kernel> list = {
       {"gemv", "CUDA cores: W streamed once in 16-byte loads, each thread accumulates all 8 rows", Path::gemv,
        gemv::launch},
-      {"flat", "tensor cores, Y^T = W X^T: M padded to 8 (not 64), 3 cp.async stages, 8 warps, split-K in one launch",
+      {"flat", "tensor cores, Y^T = W X^T: M padded to 8 (not 64), W through registers, split-K in one launch",
        Path::flat, flat::launch},
       {"tile", "tensor cores, a 64 x 64 block tile of Y, cp.async double buffering: the large-M GEMM", Path::tile,
        tile::launch},

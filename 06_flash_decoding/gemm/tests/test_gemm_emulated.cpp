@@ -2,7 +2,7 @@
 // ldmatrix, mma.sync by the PTX ISA's rules; a cp.async destination NaN until the wait_group that lets it land;
 // shared memory garbage at every block), each through its own launch function, against fp64 with check.hpp's rule.
 // Shapes: M = 1, 3, 8, 9, 17 (a group of 8 and its tail; the tile's 64 rows), N and K that are not tile multiples
-// (a K long enough that the flat GEMM's 3 stages turn over several times), the flat GEMM with 1, 2, 3 and 5 splits
+// (a K long enough for several K tiles), the flat GEMM with 1, 2, 3 and 5 splits
 // (its last block of a tile reducing them), and read_w's checksum (every word of W read once).
 #include <doctest/doctest.h>
 
@@ -92,17 +92,16 @@ TEST_CASE("06 gemm: shapes the kernels refuse") {
   CHECK_THROWS(run(h, flat::launch, 2));
 }
 
-TEST_CASE("06 gemm: flat_splits cuts K into as many pieces as keep every block resident, at most 4") {
-  CHECK(flat_blocks_per_sm(228 * 1024) == 3);  // an H100's SM
-  CHECK(flat_blocks_per_sm(164 * 1024) == 2);  // an A100's
-  const int slots = 3 * 132;                    // an H100: 396 blocks at once
-  CHECK(flat_splits(1, 4096, 4096, slots) == 4);    // 64 blocks: 6 pieces would fit, 4 are the most
-  CHECK(flat_splits(8, 4096, 4096, slots) == 4);    // M = 8 is still one row group
-  CHECK(flat_splits(16, 4096, 4096, slots) == 3);   // two row groups: 128 blocks -> 384
-  CHECK(flat_splits(1, 4096, 11008, slots) == 4);
-  CHECK(flat_splits(1, 12288, 4096, slots) == 2);   // 192 blocks -> 384
-  CHECK(flat_splits(1, 11008, 4096, slots) == 2);   // 172 blocks -> 344
-  CHECK(flat_splits(1, 32768, 4096, slots) == 1);   // 512 blocks: more than the slots already
-  CHECK(flat_splits(1, 64, 256, slots) == 2);       // no more pieces than K tiles
-  CHECK(flat_splits(1, 64, 1 << 20, slots) == kFlatPieces);
+TEST_CASE("06 gemm: flat_splits picks 1, 2 or 4 pieces, whichever spreads the blocks over the SMs best") {
+  const int sms = 132, slots = 4 * sms;                   // an H100: four blocks of the flat kernel an SM
+  CHECK(flat_splits(1, 4096, 4096, sms, slots) == 4);     // 64 blocks: 0.48 of a round, 128: 0.97, 256: 0.97 (tie)
+  CHECK(flat_splits(8, 4096, 4096, sms, slots) == 4);     // M = 8 is still one row group
+  CHECK(flat_splits(16, 4096, 4096, sms, slots) == 4);    // two row groups: 128, 256, 512 blocks, all 0.97
+  CHECK(flat_splits(1, 4096, 11008, sms, slots) == 4);
+  CHECK(flat_splits(1, 12288, 4096, sms, slots) == 2);    // 192 blocks: 0.73 of two rounds; 384: 0.97; 768 > slots
+  CHECK(flat_splits(1, 11008, 4096, sms, slots) == 2);    // 172: 0.65; 344: 0.87; 688 > slots
+  CHECK(flat_splits(1, 32768, 4096, sms, slots) == 1);    // 512 blocks (0.97); 1024 > slots
+  CHECK(flat_splits(1, 64, 256, sms, slots) == 2);        // no more pieces than K tiles
+  CHECK(flat_splits(1, 64, 1 << 20, sms, slots) == kFlatPieces);
+  CHECK(flat_splits(1, 12288, 4096, sms, 2 * sms) == 1);  // two blocks an SM: 384 would not all be resident
 }

@@ -33,7 +33,7 @@ GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool s
   return sampled ? check(h, out, sample(h.m, 8), sample(h.n, 64)) : check_all(h, out);
 }
 int sms() { return fa::device_props().multiProcessorCount; }
-int flat_slots() { return flat_blocks_per_sm(fa::device_props().sharedMemPerMultiprocessor) * sms(); }
+int flat_slots() { return flat::blocks_per_sm() * sms(); }
 
 }  // namespace
 
@@ -45,7 +45,7 @@ TEST_CASE("06 gemm GPU: every kernel on ragged M, N, K vs fp64") {
     for (const Shape& s : std::vector<Shape>{{5, 8}, {77, 136}, {136, 392}, {1000, 1032}}) {
       const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
       for (const Kernel& kernel : kernels()) {
-        const int splits = kernel.path == Path::flat ? flat_splits(m, s.n, s.k, flat_slots()) : 1;
+        const int splits = kernel.path == Path::flat ? flat_splits(m, s.n, s.k, sms(), flat_slots()) : 1;
         INFO(kernel.name, ": M ", m, ", N ", s.n, ", K ", s.k, ", splits ", splits);
         const GemmError e = run(h, kernel.launch, splits, false);
         INFO(e.summary());
@@ -63,7 +63,7 @@ TEST_CASE("06 gemm GPU: a 7B-class shape (N 4096, K 11008), sampled entries") {
   for (int m : {1, 8, 64, 200}) {
     const HostGemm h = make_inputs(m, 4096, 11008, 77 + m);
     for (const Kernel& kernel : kernels()) {
-      const int splits = kernel.path == Path::flat ? flat_splits(m, h.n, h.k, flat_slots()) : 1;
+      const int splits = kernel.path == Path::flat ? flat_splits(m, h.n, h.k, sms(), flat_slots()) : 1;
       INFO(kernel.name, ": M ", m, ", splits ", splits);
       const GemmError e = run(h, kernel.launch, splits, true);
       INFO(e.summary());
