@@ -1,4 +1,4 @@
-// gemv: Y[M, N] = X[M, K] W^T on CUDA cores, for the few rows of a decode step (README.md §3). The one idea: W is
+// gemv: Y[M, N] = X[M, K] W^T on CUDA cores, for the few rows of a decode step (README.md §2). The one idea: W is
 // read exactly once, in 16-byte loads, and every weight loaded is used for all (up to 8) rows of X before it is
 // dropped, so a step with M = 8 reads the same bytes as one with M = 1.
 // Grid: ceil(N / 4) blocks of 128 threads = 4 warps; warp w of block b owns output column n = 4 b + w (one row of W).

@@ -93,15 +93,15 @@ TEST_CASE("06 gemm: shapes the kernels refuse") {
 }
 
 TEST_CASE("06 gemm: flat_splits picks 1, 2 or 4 pieces, whichever spreads the blocks over the SMs best") {
-  const int sms = 132, slots = 4 * sms;                   // an H100: four blocks of the flat kernel an SM
-  CHECK(flat_splits(1, 4096, 4096, sms, slots) == 4);     // 64 blocks: 0.48 of a round, 128: 0.97, 256: 0.97 (tie)
+  const int sms = 132, slots = 7 * sms;  // an H100: registers hold seven blocks of the flat kernel an SM
+  CHECK(flat_splits(1, 4096, 4096, sms, slots) == 4);     // 64 blocks: 0.48 of a round; 128: 0.97; 256: 0.97 (tie)
   CHECK(flat_splits(8, 4096, 4096, sms, slots) == 4);     // M = 8 is still one row group
   CHECK(flat_splits(16, 4096, 4096, sms, slots) == 4);    // two row groups: 128, 256, 512 blocks, all 0.97
   CHECK(flat_splits(1, 4096, 11008, sms, slots) == 4);
-  CHECK(flat_splits(1, 12288, 4096, sms, slots) == 2);    // 192 blocks: 0.73 of two rounds; 384: 0.97; 768 > slots
-  CHECK(flat_splits(1, 11008, 4096, sms, slots) == 2);    // 172: 0.65; 344: 0.87; 688 > slots
+  CHECK(flat_splits(1, 12288, 4096, sms, slots) == 4);    // 192 blocks: 0.73 of two rounds; 384, 768: 0.97 (tie)
+  CHECK(flat_splits(1, 11008, 4096, sms, slots) == 4);    // 172: 0.65; 344 and 688: 0.87 (tie)
   CHECK(flat_splits(1, 32768, 4096, sms, slots) == 1);    // 512 blocks (0.97); 1024 > slots
   CHECK(flat_splits(1, 64, 256, sms, slots) == 2);        // no more pieces than K tiles
   CHECK(flat_splits(1, 64, 1 << 20, sms, slots) == kFlatPieces);
-  CHECK(flat_splits(1, 12288, 4096, sms, 2 * sms) == 1);  // two blocks an SM: 384 would not all be resident
+  CHECK(flat_splits(1, 12288, 4096, sms, 4 * sms) == 2);  // four blocks an SM: 768 would not all be resident
 }
