@@ -3,6 +3,8 @@
 //   bound = 2 x (max error of the plain same-dtype backward, bwd_model.hpp) + the dtype's floor (common/lowp.hpp)
 // The backward is fed the reference forward's O and LSE, not a kernel's, so that its tests stand on their own.
 #pragma once
+#include <doctest/doctest.h>
+
 #include <string>
 #include <vector>
 
@@ -57,6 +59,24 @@ inline Case make_case(fa::Dtype t, const fa::Problem& p, double stddev = 1.0) {
 // Max-error check of one gradient against its bound (rtol 0: the rule is on the max abs error).
 inline fa::ErrorReport check(const std::vector<float>& got, const std::vector<double>& ref, double bound) {
   return fa::compare(got, ref, fa::Tolerance{bound, 0.0});
+}
+
+// dQ, dK, dV of one run against the fp64 reference with the error rule; rows that see no key (causal, q_len >
+// kv_len) get no K/V block's share, so their dQ must be 0 exactly, in every batch and head.
+inline void check_grads(const Case& c, const std::vector<float>& dq, const std::vector<float>& dk,
+                        const std::vector<float>& dv) {
+  const fa::Problem& p = c.p;
+  const fa::ErrorReport eq = check(dq, c.rdq, c.bound_dq);
+  const fa::ErrorReport ek = check(dk, c.rdk, c.bound_dk);
+  const fa::ErrorReport ev = check(dv, c.rdv, c.bound_dv);
+  CHECK_MESSAGE(eq.ok(), eq.summary("dQ vs fp64"), " (bound ", c.bound_dq, ")");
+  CHECK_MESSAGE(ek.ok(), ek.summary("dK vs fp64"), " (bound ", c.bound_dk, ")");
+  CHECK_MESSAGE(ev.ok(), ev.summary("dV vs fp64"), " (bound ", c.bound_dv, ")");
+  if (p.causal && p.q_len > p.kv_len)
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads; ++h)
+        for (int i = 0; i < p.q_len - p.kv_len; ++i)
+          for (int e = 0; e < p.head_dim; ++e) REQUIRE(dq[p.q_offset(b, h) + size_t(i) * p.head_dim + e] == 0.f);
 }
 
 }  // namespace wsq_bwd_testing

@@ -28,23 +28,6 @@ template <class T>
 using KvFn = void (*)(const Problem&, const T*, const T*, const T*, const float*, const T*, const float*, float*,
                       float*, float*, bool);
 
-// dQ, dK, dV of one run against the fp64 reference; rows that see no key must get dQ = 0 exactly.
-void check_grads(const Case& c, const std::vector<float>& dq, const std::vector<float>& dk,
-                 const std::vector<float>& dv) {
-  const Problem& p = c.p;
-  const ErrorReport ek = wsq_bwd_testing::check(dk, c.rdk, c.bound_dk);
-  const ErrorReport ev = wsq_bwd_testing::check(dv, c.rdv, c.bound_dv);
-  const ErrorReport eq = wsq_bwd_testing::check(dq, c.rdq, c.bound_dq);
-  CHECK_MESSAGE(ek.ok(), ek.summary("dK vs fp64"), " (bound ", c.bound_dk, ")");
-  CHECK_MESSAGE(ev.ok(), ev.summary("dV vs fp64"), " (bound ", c.bound_dv, ")");
-  CHECK_MESSAGE(eq.ok(), eq.summary("dQ vs fp64"), " (bound ", c.bound_dq, ")");
-  if (p.causal && p.q_len > p.kv_len)  // rows that see no key: no K/V block adds to them, dQ stays 0 exactly
-    for (int b = 0; b < p.batch; ++b)
-      for (int h = 0; h < p.heads; ++h)
-        for (int i = 0; i < p.q_len - p.kv_len; ++i)
-          for (int e = 0; e < p.head_dim; ++e) REQUIRE(dq[p.q_offset(b, h) + size_t(i) * p.head_dim + e] == 0.f);
-}
-
 // Step 14 in both modes, in two schedules each. Deterministic: each dQ tile's counter must end at the number of
 // K/V blocks that add to it (a prefix of the blocks: those that start at or before the tile), each having taken its
 // turn once; and dQ must come out bit-identical in every run.
@@ -67,7 +50,7 @@ void check_ordered(const Case& c, const std::vector<T>& q, const std::vector<T>&
       REQUIRE(order.size() == size_t(p.batch) * p.heads * q_blocks);
       wsq::backward_v14_dq_ordered<T>(p, q.data(), k.data(), v.data(), c.lse.data(), dout.data(), Dv.data(),
                                       dq.data(), dk.data(), dv.data(), ordered ? order.data() : nullptr);
-      check_grads(c, dq, dk, dv);
+      wsq_bwd_testing::check_grads(c, dq, dk, dv);
       for (int bh = 0; bh < p.batch * p.heads; ++bh)
         for (int i = 0; i < q_blocks; ++i) {
           int adders = 0;
@@ -111,7 +94,7 @@ void check_steps(const Case& c, bool with_dq) {
     std::memset(dv.data(), 0xFF, dv.size() * sizeof(float));
     fn(p, q.data(), k.data(), v.data(), c.lse.data(), dout.data(), Dv.data(), dq.data(), dk.data(), dv.data(), with_dq);
     if (with_dq) {
-      check_grads(c, dq, dk, dv);
+      wsq_bwd_testing::check_grads(c, dq, dk, dv);
       continue;
     }
     const ErrorReport ek = wsq_bwd_testing::check(dk, c.rdk, c.bound_dk);
