@@ -74,8 +74,8 @@ TRAIN_SUFFIX = "_train.csv"  # scripts/train_gpt.py: loss curves, not result row
 # Side tables quoted by a page, not drawn: the training curves and lab 10's sweep (_train*), chapter 06's
 # --kernel auto against the fixed kernels (_06_auto), the decode GEMMs of 06/gemm (_gemm*, decode_gemm's own CSV
 # format), chapter 05's FP8 accuracy lab (_fp8_lab: fp8_lab's own format, on the CPU model or, with --gpu, the
-# kernels too), the Hopper backward's run next to PyTorch's flash and cuDNN (_bwd_hopper: BACKWARD.md section 11.4).
-SIDE_TABLES = ("_train", "_06_auto", "_gemm", "_fp8_lab", "_bwd_hopper")
+# kernels too).
+SIDE_TABLES = ("_train", "_06_auto", "_gemm", "_fp8_lab")
 JOURNEY_SUFFIX = "_journey.csv"  # scripts/measure.sh --chapters journey: rows for the journey figure only
 
 # Human names for (chapter, kernel). Two kernel names that are the same kernel map to the same label.
