@@ -8,13 +8,17 @@
 //   * cp.async copies as late as the wait_group rules allow, and its destination is NaN from the issue on, so a read
 //     before the wait (a missing wait) or a copy issued into a buffer that others still read (a missing barrier)
 //     gives a wrong result.
-// Blocks run one after another.
+// Blocks run one after another, or, for a thread block cluster, the cluster's blocks together (run_blocks: their
+// threads in one lockstep ring, block 0's first; the launch gives each block its own shared memory through the
+// hooks below).
 // The GPU threads are not OS threads but cooperative contexts (ucontext) on one OS thread, run in lockstep: a
 // thread that reaches a warp barrier hands over to the next lane of its warp (lane 31 to lane 0, which then finds
-// the barrier complete), one that reaches __syncthreads to the next thread of the block. This is exact for kernels
-// whose barriers are reached by every thread of the warp (or block) in the same order, which the chapters' kernels
-// are written to do (no barrier inside a divergent branch). Slow, and it proves nothing about timing, but an
-// out-of-place index, a wrong buffer or a missing mask gives a wrong result here exactly as on the GPU.
+// the barrier complete), one that reaches __syncthreads to the next thread of the block, one that reaches a cluster
+// barrier to the next thread of the cluster (the last thread of a block to the first of the next block). This is
+// exact for kernels whose barriers are reached by every thread of the warp (or block, or cluster) in the same order,
+// which the chapters' kernels are written to do (no barrier inside a divergent branch). Slow, and it proves nothing
+// about timing, but an out-of-place index, a wrong buffer or a missing mask gives a wrong result here exactly as on
+// the GPU.
 //
 // It replaces common/ptx.cuh (whose include guard it defines): the same functions in the same namespace, fa::tc.
 #pragma once
@@ -41,64 +45,77 @@ namespace emu {
 struct Fiber {
   ucontext_t ctx;
   std::vector<char> stack;
-  dim3_ idx;
+  dim3_ idx, block;
 };
-inline std::vector<Fiber> fibers;
+inline std::vector<Fiber> fibers;  // fiber b * block_threads + t: thread t of block b (b = 0 outside a cluster)
 inline ucontext_t main_ctx;
-inline int current = 0, n_threads = 0;
+inline int current = 0, n_threads = 0, block_threads = 0;  // n_threads: of all the blocks run together
 inline dim3_ thread_idx, block_idx;  // of the running GPU thread
 inline dim3_ grid_dim;              // of the running grid (the launch sets it)
 inline void (*body)() = nullptr;     // what every GPU thread of the block runs
+// A cluster launch's hooks (null otherwise): the next thread to run is of block `to` (of the blocks run together),
+// the running one of block `from`; the last thread of block `b` has returned (lockstep: its threads return in order).
+inline void (*on_block_switch)(int from, int to) = nullptr;
+inline void (*on_block_exit)(int b) = nullptr;
 
+inline int block_of(int fiber) { return fiber / block_threads; }
+inline void enter(int next) {  // makes fiber `next` the running GPU thread
+  if (on_block_switch && block_of(next) != block_of(current)) on_block_switch(block_of(current), block_of(next));
+  current = next, thread_idx = fibers[next].idx, block_idx = fibers[next].block;
+}
 inline void switch_to(int next) {
   const int me = current;
-  current = next, thread_idx = fibers[next].idx;
+  enter(next);
   swapcontext(&fibers[me].ctx, &fibers[next].ctx);
 }
 inline void fiber_entry() {
   body();
+  if (on_block_exit && int(thread_idx.x) == block_threads - 1) on_block_exit(block_of(current));
   const int next = current + 1;  // lockstep: the next thread is waiting at the last barrier this one passed
   if (next < n_threads) {
-    current = next, thread_idx = fibers[next].idx;
+    enter(next);
     setcontext(&fibers[next].ctx);
   }
   setcontext(&main_ctx);
 }
-// Runs body() as `threads` GPU threads of one block.
-inline void run_block(int threads, dim3_ block) {
+// Runs body() as `threads` GPU threads of each of `blocks`, all together (one block, or the blocks of a cluster).
+inline void run_blocks(int threads, const std::vector<dim3_>& blocks) {
   constexpr size_t kStack = 128 * 1024;
-  fibers.resize(threads);
-  n_threads = threads, block_idx = block;
-  for (int t = 0; t < threads; ++t) {
-    Fiber& f = fibers[t];
+  n_threads = threads * int(blocks.size()), block_threads = threads;
+  fibers.resize(n_threads);
+  for (int i = 0; i < n_threads; ++i) {
+    Fiber& f = fibers[i];
     f.stack.resize(kStack);
-    f.idx = {unsigned(t), 0, 0};
+    f.idx = {unsigned(i % threads), 0, 0}, f.block = blocks[i / threads];
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack.data();
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = &main_ctx;
     makecontext(&f.ctx, fiber_entry, 0);
   }
-  current = 0, thread_idx = fibers[0].idx;
+  current = 0, thread_idx = fibers[0].idx, block_idx = fibers[0].block;
   swapcontext(&main_ctx, &fibers[0].ctx);
 }
+inline void run_block(int threads, dim3_ block) { run_blocks(threads, {block}); }
 
 inline int lane() { return int(thread_idx.x % 32); }
-inline int warp_base() { return int(thread_idx.x) - lane(); }
-inline void warp_barrier() { switch_to(warp_base() + (lane() + 1) % 32); }
-inline void block_barrier() { switch_to((int(thread_idx.x) + 1) % n_threads); }
+inline void warp_barrier() { switch_to(current - lane() + (lane() + 1) % 32); }
+inline void block_barrier() { switch_to(current - int(thread_idx.x) + (int(thread_idx.x) + 1) % block_threads); }
+inline void cluster_barrier() { switch_to((current + 1) % n_threads); }
 
-constexpr int kMaxWarps = 8;
-inline std::array<std::array<std::array<uint64_t, 8>, 32>, kMaxWarps> slots{};  // what each lane puts on the table
-inline std::array<std::array<uint64_t, 8>, 32>& my_slots() { return slots[thread_idx.x / 32]; }
+constexpr int kMaxWarps = 8;          // of a block
+constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
+constexpr int kMaxFibers = 32 * kMaxWarps * kMaxClusterBlocks;
+inline std::array<std::array<std::array<uint64_t, 8>, 32>, kMaxFibers / 32> slots{};  // each lane's part of the table
+inline std::array<std::array<uint64_t, 8>, 32>& my_slots() { return slots[current / 32]; }
 
 struct Copy {  // a pending cp.async
   void* dst;
   const void* src;
   bool valid;
 };
-inline std::array<std::vector<Copy>, 32 * kMaxWarps> open_group;              // per thread, not yet committed
-inline std::array<std::vector<std::vector<Copy>>, 32 * kMaxWarps> committed;  // per thread, oldest first
+inline std::array<std::vector<Copy>, kMaxFibers> open_group;              // per thread (fiber), not yet committed
+inline std::array<std::vector<std::vector<Copy>>, kMaxFibers> committed;  // per thread (fiber), oldest first
 
 }  // namespace emu
 
@@ -108,13 +125,14 @@ inline std::array<std::vector<std::vector<Copy>>, 32 * kMaxWarps> committed;  //
 inline void __syncthreads() { emu::block_barrier(); }
 inline void __syncwarp() { emu::warp_barrier(); }
 namespace emu {
-inline std::array<int, 32 * kMaxWarps> votes{};  // __syncthreads_or's table: each thread's predicate
+inline std::array<int, kMaxFibers> votes{};  // __syncthreads_or's table: each thread's (fiber's) predicate
 }  // namespace emu
 inline int __syncthreads_or(int predicate) {
-  emu::votes[threadIdx.x] = predicate != 0;
+  emu::votes[emu::current] = predicate != 0;
   emu::block_barrier();
   int any = 0;
-  for (int t = 0; t < emu::n_threads; ++t) any |= emu::votes[t];
+  const int first = emu::current - int(threadIdx.x);  // this block's thread 0
+  for (int t = 0; t < emu::block_threads; ++t) any |= emu::votes[first + t];
   emu::block_barrier();  // every thread has read the table before a next call writes it
   return any;
 }
@@ -237,15 +255,15 @@ inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 // so a kernel that reads a buffer before waiting for it reads the previous tile (or garbage) and fails.
 inline void cp_async_16(void* dst, const void* src, bool valid) {
   std::memset(dst, 0xFF, 16);  // the copy may land at any time from now on: until its wait the bytes are undefined
-  emu::open_group[threadIdx.x].push_back({dst, src, valid});
+  emu::open_group[emu::current].push_back({dst, src, valid});
 }
 inline void cp_async_commit() {
-  emu::committed[threadIdx.x].push_back(std::move(emu::open_group[threadIdx.x]));
-  emu::open_group[threadIdx.x].clear();
+  emu::committed[emu::current].push_back(std::move(emu::open_group[emu::current]));
+  emu::open_group[emu::current].clear();
 }
 template <int n>
 inline void cp_async_wait() {
-  auto& groups = emu::committed[threadIdx.x];
+  auto& groups = emu::committed[emu::current];
   while (groups.size() > size_t(n)) {
     for (const emu::Copy& c : groups.front()) {
       if (c.valid) std::memcpy(c.dst, c.src, 16);

@@ -1,10 +1,12 @@
 // The host API of the decode step's linear layers (README.md): Y[M, N] = X[M, K] W^T, with X [M, K], W [N, K] (a
-// linear layer's weight) and Y [M, N] fp16, row-major, accumulated in fp32. Three kernels, one file each, listed once
+// linear layer's weight) and Y [M, N] fp16, row-major, accumulated in fp32. Four kernels, one file each, listed once
 // in kernels() below, which decode_gemm, the tests and the tuner loop over:
-//   gemv.cu       CUDA cores, W streamed once, each thread all (up to 8) rows of X
-//   flat_gemm.cu  tensor cores with the operands swapped (Y^T = W X^T): M padded to 8, not 64; split-K
+//   gemv.cu          CUDA cores, W streamed once, each thread all (up to 8) rows of X
+//   flat_gemm.cu     tensor cores with the operands swapped (Y^T = W X^T): M padded to 8, not 64; split-K
+//   tile_gemm.cu     tensor cores, a conventional 64 x 64 block tile, for large M
+//   flat_cluster.cu  flat_gemm.cu with its split-K summed in a thread block cluster, through distributed shared
+//                    memory (sm_90)
 // and, next to them, read_w.cu: the ceiling, a kernel that only reads W (no Y), timed as the kernels are.
-//   tile_gemm.cu  tensor cores, a conventional 64 x 64 block tile, for large M
 // Plain C++ besides the pointers' type (CUDA's __half, which the CPU emulation has too), so the CPU tests include it.
 #pragma once
 #include <cuda_fp16.h>
@@ -44,8 +46,9 @@ inline void check_shape(int m, int n, int k) {
 
 // The flat GEMM's split-K (flat_gemm.cu): 1, 2 or 4 pieces of K, whichever spreads the blocks over the SMs most
 // evenly (the last round of blocks the fullest; on a tie the more pieces, more loads in flight), among those that
-// keep every block resident at once (`slots` = blocks one SM holds x SMs: flat::blocks_per_sm), at least one K tile
-// a piece. A round of blocks that leaves SMs idle streams W with fewer loads in flight than the GPU could keep.
+// keep every block resident at once (`slots` = blocks one SM holds x SMs: flat::blocks_per_sm; for flat_cluster the
+// blocks its clusters hold at once: flat_cluster::slots), at least one K tile a piece. A round of blocks that leaves
+// SMs idle streams W with fewer loads in flight than the GPU could keep.
 constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16)
 constexpr int kFlatTileK = 128;  // k per round of loads
 constexpr int kFlatPieces = 4;   // flat_splits' most pieces (a launch accepts up to kMaxSplits)
@@ -71,27 +74,37 @@ void launch(const Args& a);
 int blocks_per_sm();  // how many blocks of the flat kernel one SM of the current GPU holds
 }  // namespace flat
 namespace tile { void launch(const Args& a); }
+namespace flat_cluster {
+void launch(const Args& a);  // fa::NotOnThisGpu on a GPU without thread block clusters
+int slots(int sms);          // blocks resident at once over the GPU in clusters of kFlatPieces (0 without clusters)
+}  // namespace flat_cluster
+// flat_splits' slots for the flat kernel: the blocks one SM holds x SMs.
+inline int flat_slots(int sms) { return flat::blocks_per_sm() * sms; }
 
 // The ceiling (read_w.cu): W's 2 N K bytes read in 16-byte loads and nothing else, with every SM busy. It XORs
 // each 32-bit word of W into *checksum (XORed in: a zeroed word receives the XOR of W), so that no load is dropped
 // and a test can see that every byte was read.
 namespace read_w { void launch(const __half* w, int n, int k, int sms, unsigned* checksum); }
 
-// The registry: name (--kernel), the one idea, the launch.
+// The registry: name (--kernel), the one idea, the launch; split-K kernels say how many of their blocks a GPU of
+// `sms` SMs holds at once (flat_splits' slots).
 struct Kernel {
   const char* name;
   const char* idea;
-  Path path;  // what dataflow.hpp's choose_gemm returns for it
+  Path path;  // what dataflow.hpp's choose_gemm returns for it (kernel_of: the first three, in Path's order)
   void (*launch)(const Args&);
+  int (*slots)(int sms);  // nullptr: no split-K (Args::splits ignored)
 };
 inline const std::vector<Kernel>& kernels() {
   static const std::vector<Kernel> list = {
       {"gemv", "CUDA cores: W streamed once in 16-byte loads, each thread accumulates all 8 rows", Path::gemv,
-       gemv::launch},
+       gemv::launch, nullptr},
       {"flat", "tensor cores, Y^T = W X^T: M padded to 8 (not 64), W through registers, split-K in one launch",
-       Path::flat, flat::launch},
+       Path::flat, flat::launch, flat_slots},
       {"tile", "tensor cores, a 64 x 64 block tile of Y, cp.async double buffering: the large-M GEMM", Path::tile,
-       tile::launch},
+       tile::launch, nullptr},
+      {"flat_cluster", "flat, its split-K summed in a thread block cluster through distributed shared memory (sm_90)",
+       Path::flat, flat_cluster::launch, flat_cluster::slots},
   };
   return list;
 }

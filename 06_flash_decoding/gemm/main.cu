@@ -1,5 +1,5 @@
 // decode_gemm: the linear layers of a decode step, Y[M, N] = X[M, K] W^T in fp16 (fp32 accumulation), on 7B-class
-// shapes for M = 1 .. 256: the three kernels of gemm.cuh, cuBLAS (cublasGemmEx, fp32 compute) and `auto` (what the
+// shapes for M = 1 .. 256: the four kernels of gemm.cuh, cuBLAS (cublasGemmEx, fp32 compute) and `auto` (what the
 // heuristic dataflow of dataflow.hpp picks from the table), each checked against fp64 on sampled entries (check.hpp)
 // and timed (common/timer.cuh: warm-up, median of CUDA events, L2 flushed before each run), next to read_w: W's
 // bytes read and nothing else (read_w.cu), the ceiling each kernel's time is a share of.
@@ -30,7 +30,7 @@ namespace {
 struct Flags {
   std::string m = "1,2,4,8,16,32,64,128,256";
   std::string shapes = "4096x4096,12288x4096,11008x4096,4096x11008";
-  std::string kernel = "read_w,gemv,flat,tile,cublas,auto";
+  std::string kernel = "read_w,gemv,flat,tile,flat_cluster,cublas,auto";
   std::string table, tune, csv;
   int iters = 20, warmup = 3;
   uint64_t seed = 1;
@@ -42,11 +42,13 @@ struct Shape {
 
 const char* kUsage =
     "usage: decode_gemm [options]\n"
-    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile (gemm.cuh), cuBLAS and auto,\n"
-    "next to read_w (W's bytes read and nothing else: the ceiling).\n"
+    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile, flat_cluster (gemm.cuh), cuBLAS\n"
+    "and auto, next to read_w (W's bytes read and nothing else: the ceiling). flat_cluster needs an sm_90 GPU\n"
+    "(thread block clusters); elsewhere its rows say skipped.\n"
     "  --m LIST          values of M [1,2,4,8,16,32,64,128,256]\n"
     "  --shapes LIST     NxK shapes of W, K a multiple of 8 [4096x4096,12288x4096,11008x4096,4096x11008]\n"
-    "  --kernel LIST     of read_w, gemv, flat, tile, cublas, auto [read_w,gemv,flat,tile,cublas,auto]\n"
+    "  --kernel LIST     of read_w, gemv, flat, tile, flat_cluster, cublas, auto\n"
+    "                    [read_w,gemv,flat,tile,flat_cluster,cublas,auto]\n"
     "  --table FILE      the dataflow table auto reads (dataflow.hpp's format) [built-in default]\n"
     "  --tune FILE       time gemv, flat and tile, and split_kv_fused against the tensor-core decode kernel over\n"
     "                    1..16 packed rows, and write this GPU's inflection points into FILE (other rows kept)\n"
@@ -182,7 +184,8 @@ int main(int argc, char** argv) try {
     for (const Kernel& r : kernels())
       if (name == r.name) k = &r;
     if (!k && name != "read_w" && name != "cublas" && name != "auto")
-      throw fa::UsageError("--kernel " + name + ": no such kernel (read_w, gemv, flat, tile, cublas, auto)");
+      throw fa::UsageError("--kernel " + name +
+                           ": no such kernel (read_w, gemv, flat, tile, flat_cluster, cublas, auto)");
     entries.push_back({name, k});
   }
   const Table table = f.table.empty() ? Table{} : read_table(f.table);
@@ -200,18 +203,18 @@ int main(int argc, char** argv) try {
 
   const std::string gpu = fa::device_name();
   const int sms = fa::device_props().multiProcessorCount;
-  const int flat_slots = flat::blocks_per_sm() * sms;  // flat_splits: blocks resident at once
   const int m_max = *std::max_element(ms.begin(), ms.end());
   cublasHandle_t handle;
   cublas_check(cublasCreate(&handle), "cublasCreate");
   std::vector<Row> tuned;
   std::vector<std::string> csv;
   bool all_ok = true;
-  std::printf("%6s %6s %5s %-7s %-6s %10s %9s %9s %9s  %s\n", "N", "K", "M", "kernel", "auto", "ms", "GB/s(W)",
+  std::printf("%6s %6s %5s %-12s %-6s %10s %9s %9s %9s  %s\n", "N", "K", "M", "kernel", "auto", "ms", "GB/s(W)",
               "TFLOP/s", "x cuBLAS", "check");
   for (const Shape& s : shapes) {
     size_t ws_floats = 1;
-    for (int m : ms) ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, flat_slots)) * m * s.n);
+    const int slots = flat_slots(sms);  // flat's workspace (flat_cluster needs none)
+    for (int m : ms) ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, slots)) * m * s.n);
     const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
     fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
     fa::DeviceBuffer<float> ws(ws_floats);
@@ -231,7 +234,7 @@ int main(int argc, char** argv) try {
         if (e.name == "read_w") {  // no Y: nothing to check
           read_w_ms = fa::time_ms([&] { read_w::launch(w.get(), s.n, s.k, sms, checksum.get()); }, f.warmup,
                                   f.iters);
-          std::printf("%6d %6d %5d %-7s %-6s %10.4f %9.1f %9s %9s  %s\n", s.n, s.k, m, "read_w", kernel_of(pick).name,
+          std::printf("%6d %6d %5d %-12s %-6s %10.4f %9.1f %9s %9s  %s\n", s.n, s.k, m, "read_w", kernel_of(pick).name,
                       read_w_ms, gbps_of_ms / read_w_ms, "-", "", "reads W only");
           times.push_back({"read_w", gpu + ",read_w," + std::to_string(m) + "," + std::to_string(s.n) + "," +
                                          std::to_string(s.k) + "," + std::to_string(read_w_ms) + ",0," +
@@ -242,10 +245,15 @@ int main(int argc, char** argv) try {
         const Kernel* k = e.name == "auto" ? &kernel_of(pick) : e.kernel;
         Args a;
         a.m = m, a.n = s.n, a.k = s.k, a.x = x.get(), a.w = w.get(), a.y = y.get(), a.workspace = ws.get();
-        a.splits = k && k->path == Path::flat ? flat_splits(m, s.n, s.k, sms, flat_slots) : 1;
+        a.splits = k && k->slots ? flat_splits(m, s.n, s.k, sms, k->slots(sms)) : 1;
         auto run = [&] { k ? k->launch(a) : cublas_gemm(handle, a); };
         y.poison();
-        run();
+        try {
+          run();
+        } catch (const fa::NotOnThisGpu& skip) {  // flat_cluster on a GPU without clusters: not a failure
+          std::printf("%6d %6d %5d %-12s skipped: %s\n", s.n, s.k, m, e.name.c_str(), skip.what());
+          continue;
+        }
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<fa::half_t> out(size_t(m) * s.n);
         CUDA_CHECK(cudaMemcpy(out.data(), y.get(), out.size() * 2, cudaMemcpyDeviceToHost));
@@ -257,7 +265,7 @@ int main(int argc, char** argv) try {
         if (e.name == "flat") point.flat_ms = t;
         if (e.name == "tile") point.tile_ms = t;
         const double gbps = gbps_of_ms / t, tflops = 2.0 * m * s.n * s.k / (t * 1e9);
-        std::printf("%6d %6d %5d %-7s %-6s %10.4f %9.1f %9.2f %9s  %s\n", s.n, s.k, m, e.name.c_str(),
+        std::printf("%6d %6d %5d %-12s %-6s %10.4f %9.1f %9.2f %9s  %s\n", s.n, s.k, m, e.name.c_str(),
                     kernel_of(pick).name, t, gbps, tflops, "", err.summary().c_str());
         times.push_back({e.name == "auto" ? std::string("auto:") + k->name : e.name,
                          gpu + "," + e.name + "," + std::to_string(m) + "," + std::to_string(s.n) + "," +

@@ -3,9 +3,11 @@
 // shared memory garbage at every block), each through its own launch function, against fp64 with check.hpp's rule.
 // Shapes: M = 1, 3, 8, 9, 17 (a group of 8 and its tail; the tile's 64 rows), N and K that are not tile multiples
 // (a K long enough for several K tiles), the flat GEMM with 1, 2, 3 and 5 splits
-// (its last block of a tile reducing them), and read_w's checksum (every word of W read once).
+// (its last block of a tile reducing them), flat_cluster with 1 to 4 (its cluster reducing them, emulated with each
+// block's own shared memory; the same bits as flat), and read_w's checksum (every word of W read once).
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,8 +18,8 @@ using namespace fdec::gemm;
 
 namespace {
 
-// One run of `launch` on h, Y and the workspace NaN-poisoned first; every entry checked.
-GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits = 1) {
+// One run of `launch` on h, Y and the workspace NaN-poisoned first: Y.
+std::vector<fa::half_t> run_y(const HostGemm& h, void (*launch)(const Args&), int splits) {
   std::vector<fa::half_t> y(size_t(h.m) * h.n, fa::half_t{0x7FFF});  // NaN
   std::vector<float> ws(size_t(splits) * h.m * h.n, NAN);
   Args a;
@@ -26,7 +28,11 @@ GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits = 1) {
   a.y = reinterpret_cast<__half*>(y.data());
   a.splits = splits, a.workspace = splits > 1 ? ws.data() : nullptr;
   launch(a);
-  return check_all(h, y);
+  return y;
+}
+// The same, every entry checked.
+GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits = 1) {
+  return check_all(h, run_y(h, launch, splits));
 }
 
 }  // namespace
@@ -64,6 +70,31 @@ TEST_CASE("06 gemm emulated: the flat GEMM's split-K (1, 2, 3, 5 pieces) and its
   // 16 K tiles, 2 splits: 8 tiles per piece, each stage refilled twice.
   const HostGemm long_k = make_inputs(1, 64, 2048, 8);
   CHECK(run(long_k, flat::launch, 2).ok());
+}
+
+TEST_CASE("06 gemm emulated: flat_cluster's split-K summed in a cluster (1 to 4 pieces), the same bits as flat") {
+  struct Shape {
+    int n, k;
+  };
+  // N: a tile and a tail, two tiles and a tail; K: 5 and 4 K tiles, the last one partial (8 and 56 wide)
+  const std::vector<Shape> shapes = {{77, 520}, {136, 440}};
+  for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17})
+    for (const Shape& s : shapes) {
+      const HostGemm h = make_inputs(m, s.n, s.k, 2000 + m);
+      for (int splits : {1, 2, 3, 4}) {
+        INFO("M ", m, ", N ", s.n, ", K ", s.k, ", splits ", splits);
+        const std::vector<fa::half_t> y = run_y(h, flat_cluster::launch, splits);
+        const GemmError e = check_all(h, y);
+        INFO(e.summary());
+        CHECK(e.ok());
+        const std::vector<fa::half_t> flat_y = run_y(h, flat::launch, splits);
+        CHECK(std::memcmp(y.data(), flat_y.data(), y.size() * sizeof(fa::half_t)) == 0);  // split order, as flat
+      }
+    }
+  const HostGemm h = make_inputs(3, 64, 256, 9);  // 2 K tiles: 3 pieces are too many; 9 too many for a cluster
+  CHECK_THROWS(run(h, flat_cluster::launch, 3));
+  const HostGemm long_k = make_inputs(1, 64, 2048, 8);
+  CHECK_THROWS(run(long_k, flat_cluster::launch, 9));
 }
 
 TEST_CASE("06 gemm emulated: read_w reads every 32-bit word of W once (its XOR)") {

@@ -1,9 +1,11 @@
 // Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on the emulated test's ragged
 // shapes (M = 1, 3, 8, 9, 17; N, K not tile multiples) and on one 7B-class shape per kernel, the flat GEMM with the
-// split-K that flat_splits picks for this GPU and with 3 splits forced; read_w's checksum (every word of W read).
+// split-K that flat_splits picks for this GPU and with 3 splits forced; flat_cluster with 1 to 8 pieces, the same
+// bits as flat (skipped, said so, on a GPU without thread block clusters); read_w's checksum (every word of W read).
 // Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -16,7 +18,7 @@ using namespace fdec::gemm;
 
 namespace {
 
-GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool sampled) {
+std::vector<fa::half_t> run_y(const HostGemm& h, void (*launch)(const Args&), int splits) {
   fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(h.m) * h.n);
   fa::DeviceBuffer<float> ws(std::max<size_t>(1, size_t(splits) * h.m * h.n));
   CUDA_CHECK(cudaMemcpy(x.get(), h.x.data(), h.x.size() * 2, cudaMemcpyHostToDevice));
@@ -30,10 +32,18 @@ GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool s
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<fa::half_t> out(size_t(h.m) * h.n);
   CUDA_CHECK(cudaMemcpy(out.data(), y.get(), y.bytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool sampled) {
+  const std::vector<fa::half_t> out = run_y(h, launch, splits);
   return sampled ? check(h, out, sample(h.m, 8), sample(h.n, 64)) : check_all(h, out);
 }
 int sms() { return fa::device_props().multiProcessorCount; }
-int flat_slots() { return flat::blocks_per_sm() * sms(); }
+// The split-K flat_splits picks for `kernel` on this GPU (1 for the kernels without).
+int splits_of(const Kernel& kernel, int m, int n, int k) {
+  return kernel.slots ? flat_splits(m, n, k, sms(), kernel.slots(sms())) : 1;
+}
+bool clusters() { return flat_cluster::slots(sms()) > 0; }  // this GPU launches thread block clusters
 
 }  // namespace
 
@@ -45,7 +55,8 @@ TEST_CASE("06 gemm GPU: every kernel on ragged M, N, K vs fp64") {
     for (const Shape& s : std::vector<Shape>{{5, 8}, {77, 136}, {136, 392}, {1000, 1032}}) {
       const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
       for (const Kernel& kernel : kernels()) {
-        const int splits = kernel.path == Path::flat ? flat_splits(m, s.n, s.k, sms(), flat_slots()) : 1;
+        if (kernel.launch == flat_cluster::launch && !clusters()) continue;
+        const int splits = splits_of(kernel, m, s.n, s.k);
         INFO(kernel.name, ": M ", m, ", N ", s.n, ", K ", s.k, ", splits ", splits);
         const GemmError e = run(h, kernel.launch, splits, false);
         INFO(e.summary());
@@ -63,7 +74,8 @@ TEST_CASE("06 gemm GPU: a 7B-class shape (N 4096, K 11008), sampled entries") {
   for (int m : {1, 8, 64, 200}) {
     const HostGemm h = make_inputs(m, 4096, 11008, 77 + m);
     for (const Kernel& kernel : kernels()) {
-      const int splits = kernel.path == Path::flat ? flat_splits(m, h.n, h.k, sms(), flat_slots()) : 1;
+      if (kernel.launch == flat_cluster::launch && !clusters()) continue;
+      const int splits = splits_of(kernel, m, h.n, h.k);
       INFO(kernel.name, ": M ", m, ", splits ", splits);
       const GemmError e = run(h, kernel.launch, splits, true);
       INFO(e.summary());
@@ -80,6 +92,28 @@ TEST_CASE("06 gemm GPU: the flat GEMM's split-K, launch after launch on the same
     INFO(e.summary());
     CHECK(e.ok());
   }
+}
+
+TEST_CASE("06 gemm GPU: flat_cluster's split-K summed in a cluster, 1 to 8 pieces, the same bits as flat") {
+  if (!clusters()) {
+    MESSAGE("skipped: flat_cluster needs thread block clusters (sm_90); this GPU has none");
+    return;
+  }
+  const HostGemm long_k = make_inputs(1, 64, 2048, 1);  // 16 K tiles, but a cluster holds at most 8 blocks
+  CHECK_THROWS_AS(run_y(long_k, flat_cluster::launch, 9), std::invalid_argument);
+  for (int m : {1, 2, 5, 8, 9, 17})
+    for (int splits : {1, 2, 3, 4, 8}) {
+      const HostGemm h = make_inputs(m, 1000, 1032, 300 + m);  // ragged N; 9 K tiles, the last 8 wide
+      INFO("M ", m, ", splits ", splits);
+      const std::vector<fa::half_t> y = run_y(h, flat_cluster::launch, splits);
+      const GemmError e = check_all(h, y);
+      INFO(e.summary());
+      CHECK(e.ok());
+      const std::vector<fa::half_t> flat_y = run_y(h, flat::launch, splits);
+      CHECK(std::memcmp(y.data(), flat_y.data(), y.size() * sizeof(fa::half_t)) == 0);  // split order, as flat
+    }
+  const HostGemm h = make_inputs(8, 4096, 11008, 7);  // the 7B shape, launch after launch
+  for (int splits : {4, 2, 4}) CHECK(run(h, flat_cluster::launch, splits, true).ok());
 }
 
 TEST_CASE("06 gemm GPU: read_w reads every 32-bit word of W once (its XOR)") {
