@@ -207,6 +207,12 @@ for shape in "1 8" "1 32" "8 8" "8 32"; do  # the K/V stream's L2 policy forced 
     add 06 "$B/06_flash_decoding/flash_decoding --batch $b --heads 32 --kv-heads $hkv --kv-len 32768 --head-dim 128 --kernel split_kv_mma --l2-policy $policy --iters 10 --warmup 2"
   done
 done
+# 06's decode GEMMs (06_flash_decoding/gemm/README.md section 7): every kernel, cuBLAS and the read_w ceiling on the four
+# 7B shapes x 9 values of M; then the dispatcher with the tuned table against each fixed choice. decode_gemm writes
+# its own row format (a GEMM has no attention shape), so these rows go to CSV's neighbours <csv>_gemm.csv and
+# <csv>_gemm_auto.csv, each replaced whole by a run that passes (GEMM_CSV_OF below).
+add 06 "$B/06_flash_decoding/gemm/decode_gemm"
+add 06 "$B/06_flash_decoding/gemm/decode_gemm --table 06_flash_decoding/gemm/dataflow.tsv --kernel auto,gemv,flat,tile,cublas"
 # A chapter of scripts/chapters.tsv with no measurements of its own above: its program on its defaults.
 for id in $(printf '%s\n' "${!PROGRAM[@]}" | sort); do
   if [[ ",$CHAPTERS," == *",$id,"* ]] && ! printf '%s\n' "${steps[@]}" | grep -qE "/${PROGRAM[$id]}( |\$)"; then
@@ -214,15 +220,23 @@ for id in $(printf '%s\n' "${!PROGRAM[@]}" | sort); do
   fi
 done
 
+# The decode GEMMs' CSVs: the final file of each kind of decode_gemm step, and a temporary file until the run passes.
+gemm_csv_of() { [[ $1 == *"--table"* ]] && echo "${CSV%.csv}_gemm_auto.csv" || echo "${CSV%.csv}_gemm.csv"; }
+declare -A GEMM_TMP
 rc=0
 n=${#steps[@]}
 for k in "${!steps[@]}"; do
   cmd=${steps[$k]}
-  csv_arg="--csv $TMP"
-  [[ $cmd == *"torch_sdpa.py check"* ]] && csv_arg=""
+  csv_arg="--csv $TMP" shown=$CSV
+  [[ $cmd == *"torch_sdpa.py check"* ]] && csv_arg="" shown=""
+  if [[ $cmd == *decode_gemm* ]]; then
+    shown=$(gemm_csv_of "$cmd")
+    [ -n "${GEMM_TMP[$shown]:-}" ] || GEMM_TMP[$shown]=$(mktemp "$shown.XXXXXX")
+    csv_arg="--csv ${GEMM_TMP[$shown]}"
+  fi
   echo
   echo "== step $((k + 1))/$n"
-  echo "\$ $cmd${csv_arg:+ --csv $CSV}"
+  echo "\$ $cmd${shown:+ --csv $shown}"
   # shellcheck disable=SC2086  # each step is a command line of words
   $cmd $csv_arg || { echo "!! exit $?: $cmd"; rc=1; }
 done
@@ -242,6 +256,10 @@ if [ "$rc" -eq 0 ] && [ -s "$CSV" ] && [ "$rows" -gt 0 ]; then
 fi
 echo
 trap - INT TERM
+for f in "${!GEMM_TMP[@]}"; do  # the decode GEMMs' rows: each file replaced whole, or kept next to it
+  if [ "$rc" -eq 0 ]; then mv "${GEMM_TMP[$f]}" "$f" && echo "== measure: decode GEMM rows in $f"
+  else mv "${GEMM_TMP[$f]}" "$f.partial"; fi
+done
 if [ "$rc" -eq 0 ]; then
   mv "$TMP" "$CSV" && trap - EXIT
   echo "== measure: $rows new rows in $CSV"
