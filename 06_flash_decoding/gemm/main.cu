@@ -200,7 +200,8 @@ int main(int argc, char** argv) try {
 
   const std::string gpu = fa::device_name();
   const int sms = fa::device_props().multiProcessorCount;
-  const int flat_slots = flat::blocks_per_sm() * sms;  // flat_splits: blocks resident at once
+  // flat_splits' slots: flat blocks resident at once (registers, so blocks an SM, depend on M's groups)
+  auto flat_slots = [sms](int m) { return flat::blocks_per_sm(m) * sms; };
   const int m_max = *std::max_element(ms.begin(), ms.end());
   cublasHandle_t handle;
   cublas_check(cublasCreate(&handle), "cublasCreate");
@@ -211,7 +212,7 @@ int main(int argc, char** argv) try {
               "TFLOP/s", "x cuBLAS", "check");
   for (const Shape& s : shapes) {
     size_t ws_floats = 1;
-    for (int m : ms) ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, flat_slots)) * m * s.n);
+    for (int m : ms) ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, flat_slots(m))) * m * s.n);
     const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
     fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
     fa::DeviceBuffer<float> ws(ws_floats);
@@ -242,7 +243,7 @@ int main(int argc, char** argv) try {
         const Kernel* k = e.name == "auto" ? &kernel_of(pick) : e.kernel;
         Args a;
         a.m = m, a.n = s.n, a.k = s.k, a.x = x.get(), a.w = w.get(), a.y = y.get(), a.workspace = ws.get();
-        a.splits = k && k->path == Path::flat ? flat_splits(m, s.n, s.k, sms, flat_slots) : 1;
+        a.splits = k && k->path == Path::flat ? flat_splits(m, s.n, s.k, sms, flat_slots(m)) : 1;
         auto run = [&] { k ? k->launch(a) : cublas_gemm(handle, a); };
         y.poison();
         run();

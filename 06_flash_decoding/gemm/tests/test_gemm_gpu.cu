@@ -1,6 +1,7 @@
-// Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on the emulated test's ragged
-// shapes (M = 1, 3, 8, 9, 17; N, K not tile multiples) and on one 7B-class shape per kernel, the flat GEMM with the
-// split-K that flat_splits picks for this GPU and with 3 splits forced; read_w's checksum (every word of W read).
+// Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on ragged shapes (M = 1, 3, 8,
+// 9, 17, 33, 65: the flat GEMM's 1 to 8 groups and 2 slabs; N, K not tile multiples) and on one 7B-class shape per
+// kernel, the flat GEMM with the split-K that flat_splits picks for this GPU and with 3 splits forced; read_w's
+// checksum (every word of W read).
 // Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
 
@@ -33,7 +34,7 @@ GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool s
   return sampled ? check(h, out, sample(h.m, 8), sample(h.n, 64)) : check_all(h, out);
 }
 int sms() { return fa::device_props().multiProcessorCount; }
-int flat_slots() { return flat::blocks_per_sm() * sms(); }
+int flat_slots(int m) { return flat::blocks_per_sm(m) * sms(); }
 
 }  // namespace
 
@@ -41,11 +42,11 @@ TEST_CASE("06 gemm GPU: every kernel on ragged M, N, K vs fp64") {
   struct Shape {
     int n, k;
   };
-  for (int m : {1, 3, 8, 9, 17})
+  for (int m : {1, 3, 8, 9, 17, 33, 65})
     for (const Shape& s : std::vector<Shape>{{5, 8}, {77, 136}, {136, 392}, {1000, 1032}}) {
       const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
       for (const Kernel& kernel : kernels()) {
-        const int splits = kernel.path == Path::flat ? flat_splits(m, s.n, s.k, sms(), flat_slots()) : 1;
+        const int splits = kernel.path == Path::flat ? flat_splits(m, s.n, s.k, sms(), flat_slots(m)) : 1;
         INFO(kernel.name, ": M ", m, ", N ", s.n, ", K ", s.k, ", splits ", splits);
         const GemmError e = run(h, kernel.launch, splits, false);
         INFO(e.summary());
@@ -63,7 +64,7 @@ TEST_CASE("06 gemm GPU: a 7B-class shape (N 4096, K 11008), sampled entries") {
   for (int m : {1, 8, 64, 200}) {
     const HostGemm h = make_inputs(m, 4096, 11008, 77 + m);
     for (const Kernel& kernel : kernels()) {
-      const int splits = kernel.path == Path::flat ? flat_splits(m, h.n, h.k, sms(), flat_slots()) : 1;
+      const int splits = kernel.path == Path::flat ? flat_splits(m, h.n, h.k, sms(), flat_slots(m)) : 1;
       INFO(kernel.name, ": M ", m, ", splits ", splits);
       const GemmError e = run(h, kernel.launch, splits, true);
       INFO(e.summary());
