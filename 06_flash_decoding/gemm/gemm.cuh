@@ -20,7 +20,7 @@
 
 namespace fdec::gemm {
 
-constexpr int kGroupRows = 8;  // rows of X one pass handles: the n = 8 side of mma.m16n8k16, the GEMV's registers
+constexpr int kGroupRows = 8;  // rows of X in a group: the n = 8 side of mma.m16n8k16, the GEMV's registers
 constexpr int kAlignK = 8;     // K must be a multiple of 8: a row of X or W is read in 16-byte pieces
 constexpr int kMaxSplits = 16;  // the flat GEMM's split-K never cuts K into more pieces than this
 
@@ -50,10 +50,19 @@ inline void check_shape(int m, int n, int k) {
 // blocks its clusters hold at once: flat_cluster::slots), at least one K tile a piece. A round of blocks that leaves
 // SMs idle streams W with fewer loads in flight than the GPU could keep.
 constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16)
-constexpr int kFlatTileK = 128;  // k per round of loads
+constexpr int kFlatTileK = 128;  // k per K tile (4 chunks of 32): the unit of split-K
 constexpr int kFlatPieces = 4;   // flat_splits' most pieces (a launch accepts up to kMaxSplits)
+constexpr int kFlatMaxGroups = 8;  // groups of 8 rows of X that one flat block multiplies by its W fragments
+constexpr int kFlatSlabRows = kFlatMaxGroups * kGroupRows;  // rows of X per blockIdx.z of the flat grid: 64
+// The flat kernel's groups per block: the smallest power of two G with 8 G >= min(M, 64). M > 64: slabs of 64 rows.
+inline int flat_groups(int m) {
+  int g = 1;
+  while (g < kFlatMaxGroups && g * kGroupRows < m) g *= 2;
+  return g;
+}
 inline int flat_splits(int m, int n, int k, int sms, int slots) {
-  const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kGroupRows - 1) / kGroupRows);
+  // the grid before split-K: N tiles x slabs of up to 64 rows (M <= 64: one slab, W read once)
+  const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kFlatSlabRows - 1) / kFlatSlabRows);
   const int k_tiles = (k + kFlatTileK - 1) / kFlatTileK;
   int best = 1;
   long long best_blocks = 0, best_room = 1;  // the best fill so far: best_blocks / best_room
@@ -71,15 +80,17 @@ inline size_t workspace_floats(const Args& a) { return a.splits > 1 ? size_t(a.s
 namespace gemv { void launch(const Args& a); }
 namespace flat {
 void launch(const Args& a);
-int blocks_per_sm();  // how many blocks of the flat kernel one SM of the current GPU holds
+int blocks_per_sm(int m);  // how many blocks of the flat kernel for M rows (flat_groups) one SM of this GPU holds
 }  // namespace flat
 namespace tile { void launch(const Args& a); }
 namespace flat_cluster {
 void launch(const Args& a);  // fa::NotOnThisGpu on a GPU without thread block clusters
-int slots(int sms);          // blocks resident at once over the GPU in clusters of kFlatPieces (0 without clusters)
+int slots(int m, int sms);   // blocks for M rows resident at once over the GPU in clusters of kFlatPieces (0: none)
+bool supported();            // this GPU launches thread block clusters (sm_90)
 }  // namespace flat_cluster
-// flat_splits' slots for the flat kernel: the blocks one SM holds x SMs.
-inline int flat_slots(int sms) { return flat::blocks_per_sm() * sms; }
+// flat_splits' slots for the flat kernel: the blocks one SM holds x SMs (registers, so blocks an SM, depend on M's
+// groups).
+inline int flat_slots(int m, int sms) { return flat::blocks_per_sm(m) * sms; }
 
 // The ceiling (read_w.cu): W's 2 N K bytes read in 16-byte loads and nothing else, with every SM busy. It XORs
 // each 32-bit word of W into *checksum (XORed in: a zeroed word receives the XOR of W), so that no load is dropped
@@ -91,9 +102,9 @@ namespace read_w { void launch(const __half* w, int n, int k, int sms, unsigned*
 struct Kernel {
   const char* name;
   const char* idea;
-  Path path;  // what dataflow.hpp's choose_gemm returns for it (kernel_of: the first three, in Path's order)
+  Path path;  // what dataflow.hpp's choose_gemm returns for it (kernel_of picks the kernel of a path)
   void (*launch)(const Args&);
-  int (*slots)(int sms);  // nullptr: no split-K (Args::splits ignored)
+  int (*slots)(int m, int sms);  // nullptr: no split-K (Args::splits ignored)
 };
 inline const std::vector<Kernel>& kernels() {
   static const std::vector<Kernel> list = {
@@ -108,6 +119,10 @@ inline const std::vector<Kernel>& kernels() {
   };
   return list;
 }
-inline const Kernel& kernel_of(Path c) { return kernels()[int(c)]; }
+// The kernel that runs path c: the registry's first three in Path's order, except that the flat path runs
+// flat_cluster (the same kernel, its split-K summed in a cluster: README §6) on a GPU with clusters.
+inline const Kernel& kernel_of(Path c) {
+  return c == Path::flat && flat_cluster::supported() ? kernels()[3] : kernels()[int(c)];
+}
 
 }  // namespace fdec::gemm

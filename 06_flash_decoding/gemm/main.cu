@@ -106,6 +106,10 @@ void require_writable(const std::string& path, const std::string& flag) {
   if (!f) throw fa::UsageError(flag + " " + path + ": cannot write there");
 }
 
+// --tune's kernels: each path's (the flat path's is flat_cluster where the GPU has clusters, flat elsewhere: both are
+// run, and the one kernel_of picks is the one timed for the table), cuBLAS and auto.
+const char* const kTuneKernels = "gemv,flat,flat_cluster,tile,cublas,auto";
+
 // One kernel of the sweep: a registry kernel, read_w, cuBLAS, or auto (resolved per shape and M).
 struct Entry {
   std::string name;
@@ -179,7 +183,7 @@ int main(int argc, char** argv) try {
     check_shape(1, shapes.back().n, shapes.back().k);
   }
   std::vector<Entry> entries;
-  for (const std::string& name : split(f.tune.empty() ? f.kernel : "gemv,flat,tile,cublas,auto", ',')) {
+  for (const std::string& name : split(f.tune.empty() ? f.kernel : kTuneKernels, ',')) {
     const Kernel* k = nullptr;
     for (const Kernel& r : kernels())
       if (name == r.name) k = &r;
@@ -197,7 +201,7 @@ int main(int argc, char** argv) try {
     require_writable(f.tune, "--tune");
   }
   std::printf("decode_gemm: %zu shapes x %zu values of M, kernels %s, table %s\n", shapes.size(), ms.size(),
-              f.tune.empty() ? f.kernel.c_str() : "gemv,flat,tile,cublas,auto",
+              f.tune.empty() ? f.kernel.c_str() : kTuneKernels,
               f.table.empty() ? "built-in" : f.table.c_str());
   fa::require_gpu();
 
@@ -213,8 +217,8 @@ int main(int argc, char** argv) try {
               "TFLOP/s", "x cuBLAS", "check");
   for (const Shape& s : shapes) {
     size_t ws_floats = 1;
-    const int slots = flat_slots(sms);  // flat's workspace (flat_cluster needs none)
-    for (int m : ms) ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, slots)) * m * s.n);
+    for (int m : ms)  // flat's workspace (flat_cluster needs none)
+      ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, flat_slots(m, sms))) * m * s.n);
     const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
     fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
     fa::DeviceBuffer<float> ws(ws_floats);
@@ -245,7 +249,7 @@ int main(int argc, char** argv) try {
         const Kernel* k = e.name == "auto" ? &kernel_of(pick) : e.kernel;
         Args a;
         a.m = m, a.n = s.n, a.k = s.k, a.x = x.get(), a.w = w.get(), a.y = y.get(), a.workspace = ws.get();
-        a.splits = k && k->slots ? flat_splits(m, s.n, s.k, sms, k->slots(sms)) : 1;
+        a.splits = k && k->slots ? flat_splits(m, s.n, s.k, sms, k->slots(m, sms)) : 1;
         auto run = [&] { k ? k->launch(a) : cublas_gemm(handle, a); };
         y.poison();
         try {
@@ -262,7 +266,7 @@ int main(int argc, char** argv) try {
         const double t = fa::time_ms(run, f.warmup, f.iters);
         if (e.name == "cublas") cublas_ms = t;
         if (e.name == "gemv") point.gemv_ms = t;
-        if (e.name == "flat") point.flat_ms = t;
+        if (e.name != "auto" && k == &kernel_of(Path::flat)) point.flat_ms = t;  // the flat path's kernel
         if (e.name == "tile") point.tile_ms = t;
         const double gbps = gbps_of_ms / t, tflops = 2.0 * m * s.n * s.k / (t * 1e9);
         std::printf("%6d %6d %5d %-12s %-6s %10.4f %9.1f %9.2f %9s  %s\n", s.n, s.k, m, e.name.c_str(),

@@ -1,7 +1,8 @@
-// Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on the emulated test's ragged
-// shapes (M = 1, 3, 8, 9, 17; N, K not tile multiples) and on one 7B-class shape per kernel, the flat GEMM with the
-// split-K that flat_splits picks for this GPU and with 3 splits forced; flat_cluster with 1 to 8 pieces, the same
-// bits as flat (skipped, said so, on a GPU without thread block clusters); read_w's checksum (every word of W read).
+// Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on ragged shapes (M = 1, 3, 8,
+// 9, 17, 33, 65: the flat GEMM's 1 to 8 groups and 2 slabs; N, K not tile multiples) and on one 7B-class shape per
+// kernel, the flat GEMM with the split-K that flat_splits picks for this GPU and with 3 splits forced; flat_cluster
+// with 1 to 8 pieces, the same bits as flat (skipped, said so, on a GPU without thread block clusters); read_w's
+// checksum (every word of W read).
 // Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
 
@@ -41,9 +42,9 @@ GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool s
 int sms() { return fa::device_props().multiProcessorCount; }
 // The split-K flat_splits picks for `kernel` on this GPU (1 for the kernels without).
 int splits_of(const Kernel& kernel, int m, int n, int k) {
-  return kernel.slots ? flat_splits(m, n, k, sms(), kernel.slots(sms())) : 1;
+  return kernel.slots ? flat_splits(m, n, k, sms(), kernel.slots(m, sms())) : 1;
 }
-bool clusters() { return flat_cluster::slots(sms()) > 0; }  // this GPU launches thread block clusters
+bool clusters() { return flat_cluster::slots(1, sms()) > 0; }  // this GPU launches thread block clusters
 
 }  // namespace
 
@@ -51,7 +52,7 @@ TEST_CASE("06 gemm GPU: every kernel on ragged M, N, K vs fp64") {
   struct Shape {
     int n, k;
   };
-  for (int m : {1, 3, 8, 9, 17})
+  for (int m : {1, 3, 8, 9, 17, 33, 65})
     for (const Shape& s : std::vector<Shape>{{5, 8}, {77, 136}, {136, 392}, {1000, 1032}}) {
       const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
       for (const Kernel& kernel : kernels()) {
@@ -101,7 +102,7 @@ TEST_CASE("06 gemm GPU: flat_cluster's split-K summed in a cluster, 1 to 8 piece
   }
   const HostGemm long_k = make_inputs(1, 64, 2048, 1);  // 16 K tiles, but a cluster holds at most 8 blocks
   CHECK_THROWS_AS(run_y(long_k, flat_cluster::launch, 9), std::invalid_argument);
-  for (int m : {1, 2, 5, 8, 9, 17})
+  for (int m : {1, 2, 5, 8, 9, 17, 33, 65})
     for (int splits : {1, 2, 3, 4, 8}) {
       const HostGemm h = make_inputs(m, 1000, 1032, 300 + m);  // ragged N; 9 K tiles, the last 8 wide
       INFO("M ", m, ", splits ", splits);
