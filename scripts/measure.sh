@@ -12,8 +12,8 @@
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
-# All chapters take about 30 minutes on an H100 (measured: 00-04 about 10, 05 5.4, journey under 2, 06 about 3, 05bwd 8.8
-# with steps 8, 13 and 14 at every N; estimated: 05fwd a few).
+# All chapters take about 35 minutes on an H100 (measured: 00-04 about 10, 05 5.4, journey under 2, 06 about 3 with the
+# decode GEMMs, 05bwd 8.8 with steps 8, 13 and 14 at every N, 05fwd about 9: 47 of its 56 steps took 7.3).
 set -uo pipefail
 usage() { sed -n '2,16s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=""  # default: every chapter of scripts/chapters.tsv, and 05bwd
