@@ -207,7 +207,7 @@ for shape in "1 8" "1 32" "8 8" "8 32"; do  # the K/V stream's L2 policy forced 
     add 06 "$B/06_flash_decoding/flash_decoding --batch $b --heads 32 --kv-heads $hkv --kv-len 32768 --head-dim 128 --kernel split_kv_mma --l2-policy $policy --iters 10 --warmup 2"
   done
 done
-# 06's decode GEMMs (06_flash_decoding/gemm/README.md section 7): every kernel, cuBLAS and the read_w ceiling on the four
+# 06's decode GEMMs (06_flash_decoding/gemm/README.md section 8): every kernel, cuBLAS and the read_w ceiling on the four
 # 7B shapes x 9 values of M; then the dispatcher with the tuned table against each fixed choice. decode_gemm writes
 # its own row format (a GEMM has no attention shape), so these rows go to CSV's neighbours <csv>_gemm.csv and
 # <csv>_gemm_auto.csv, each replaced whole by a run that passes (GEMM_CSV_OF below).
