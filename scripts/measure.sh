@@ -212,7 +212,7 @@ done
 # its own row format (a GEMM has no attention shape), so these rows go to CSV's neighbours <csv>_gemm.csv and
 # <csv>_gemm_auto.csv, each replaced whole by a run that passes (GEMM_CSV_OF below).
 add 06 "$B/06_flash_decoding/gemm/decode_gemm"
-add 06 "$B/06_flash_decoding/gemm/decode_gemm --table 06_flash_decoding/gemm/dataflow.tsv --kernel auto,gemv,flat,flat_cluster,tile,cublas"
+add 06 "$B/06_flash_decoding/gemm/decode_gemm --table 06_flash_decoding/gemm/dataflow.tsv --kernel auto,gemv,flat,flat_cluster,tile,flat_wgmma,cublas"
 # A chapter of scripts/chapters.tsv with no measurements of its own above: its program on its defaults.
 for id in $(printf '%s\n' "${!PROGRAM[@]}" | sort); do
   if [[ ",$CHAPTERS," == *",$id,"* ]] && ! printf '%s\n' "${steps[@]}" | grep -qE "/${PROGRAM[$id]}( |\$)"; then

@@ -54,10 +54,12 @@
 #include "problem.hpp"
 
 
+#ifndef __VECTOR_TYPES_H__  // CUDA's own dim3 (a header included first, e.g. cuda_fp16.h, brought it) will do
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+#endif
 
 namespace emu9 {
 
@@ -75,7 +77,7 @@ struct Fiber {
 inline std::vector<Fiber> fibers;
 inline ucontext_t main_ctx;
 inline int current = 0, n_threads = 0, alive = 0;
-inline dim3 thread_idx, block_idx;
+inline dim3 thread_idx, block_idx, grid_dim;  // grid_dim: of the running launch
 inline void (*body)() = nullptr;
 
 inline void go_to(int next, bool save) {
@@ -197,6 +199,7 @@ inline void mbar_check(Mbar& m) {
 
 #define threadIdx (emu9::thread_idx)
 #define blockIdx (emu9::block_idx)
+#define gridDim (emu9::grid_dim)
 inline void __syncthreads() { emu9::bar_sync(emu9::block_barrier, emu9::n_threads, "__syncthreads"); }
 template <class X>
 inline X exchange(X x, int src_lane) {
@@ -299,6 +302,7 @@ inline void land(uint64_t* bar) {
   for (const emu9::Copy& c : copies) copy_box(c.dst, &c.map, bar, c.c0, c.c1, c.c2);
 }
 
+inline unsigned char* smem_1024() { return smem_raw; }  // already on a 1024-byte boundary
 inline uint64_t desc_k_major(const void* tile) { return k_major_desc(smem_addr(tile)); }
 inline uint64_t desc_mn_major(const void* tile, uint32_t panel) { return mn_major_desc(smem_addr(tile), panel); }
 inline void wgmma_fence() {}
@@ -411,6 +415,17 @@ inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int 
   });
 }
 
+// Chapter 06's decode GEMM: fp16, both operands K-major in shared memory, N = 16 .. 256.
+template <int N>
+inline void wgmma_ss_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "N: 16, 32, 64, 128 or 256");
+  issue(d, N / 2, accumulate_d != 0, [=](const float* in) {
+    return product<N>(
+        in, [&](int row, int k) { return value16(at_k_major(desc_a, row, k), true); },
+        [&](int k, int col) { return value16(at_k_major(desc_b, col, k), true); });
+  });
+}
+
 // A from registers: the rows this lane needs are held by the 4 lanes of its quad (mma.sync's A layout), read at
 // issue (the kernel must not change them before the wait; the emulation takes them as they are then).
 template <class T, int N>
@@ -455,6 +470,7 @@ inline void run_grid(dim3 grid, int threads, size_t smem_bytes, std::function<vo
   if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
   static std::function<void()> run;  // emu9::body is a plain function pointer: the call goes through this
   run = std::move(call);
+  emu9::grid_dim = grid;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
@@ -479,6 +495,11 @@ template <class Tc>
 void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
                 const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
   run_grid(grid, threads, smem_bytes, [=] { kernel(q, k, v, p, o, lse); });
+}
+
+template <class... Params, class... Args>
+void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, const char*, Args... args) {
+  run_grid(grid, threads, smem_bytes, [=] { kernel(args...); });
 }
 
 }  // namespace sm90

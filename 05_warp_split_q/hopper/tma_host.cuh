@@ -63,6 +63,16 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
   CHECK_LAUNCH();
 }
 
+// Any other sm_90a kernel: the shared-memory opt-in (`what` names it in the error), the launch, its check. Chapter
+// 06's decode GEMM (gemm/flat_wgmma.cu) launches through this.
+template <class... Params, class... Args>
+void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, const char* what,
+                 Args... args) {
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, what);
+  kernel<<<grid, threads, smem_bytes>>>(args...);
+  CHECK_LAUNCH();
+}
+
 // ---- step 11 (FP8): the same launch with the scales of the quantised tensors (hopper/fp8.hpp) as one more
 // argument. ----
 template <class Tc>

@@ -52,6 +52,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       : "memory");
 }
 
+// The block's dynamic shared memory from its first 1024-byte boundary, where every TMA box and wgmma operand of a
+// 128-byte-swizzled tile must start (the swizzle's atom): a kernel asks for kAtomBytes more than it uses. Steps 9-13
+// round their own pointer the same way; chapter 06's decode GEMM uses this.
+__device__ __forceinline__ unsigned char* smem_1024() {
+  extern __shared__ unsigned char dynamic_smem[];
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dynamic_smem) + kAtomBytes - 1) / kAtomBytes *
+                                          kAtomBytes);
+}
+
 // ---- register reallocation: a warpgroup gives up registers (dec) or takes them (inc) so that the producer's
 // share can go to the consumers. Every thread of the warpgroup executes it; N is a multiple of 8 in [24, 256]. ----
 template <int N>
@@ -122,7 +131,8 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   for (int x = 0; x < N; ++x) asm volatile("" : "+f"(d[x])::"memory");
 }
 
-// The accumulator register lists of the m64n64 and m64n128 shapes (32 and 64 fp32 registers per thread).
+// The accumulator register lists of the m64n64 and m64n128 shapes (32 and 64 fp32 registers per thread); those of
+// m64n16, m64n32 and m64n256 (8, 16, 128) follow.
 #define WSQ_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define WSQ_D32_OPERANDS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -137,6 +147,49 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+#define WSQ_D8_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define WSQ_D8_OPERANDS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define WSQ_D16_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define WSQ_D16_OPERANDS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+  "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WSQ_D128_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define WSQ_D128_OPERANDS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+  "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
+  "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+  "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+  "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+  "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
+  "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), \
+  "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), \
+  "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), \
+  "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), \
+  "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), \
+  "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), \
+  "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), \
+  "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), \
+  "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+// D (64 x N, fp32) (+)= A (64 x 16, K-major in shared memory) * B (16 x N, K-major in shared memory), fp16, for N =
+// 16, 32, 64, 128 or 256 (PTX allows every multiple of 8; these are the ones used): chapter 06's decode GEMM
+// (gemm/flat_wgmma.cu), whose N is the number of rows of X, padded. accumulate = 0 overwrites D: the first product
+// needs no zeroed accumulators (zeroing them with ordinary instructions would make ptxas serialise the wgmma).
+#define WSQ_WGMMA_SS_F16(N, A, B, C, REGS, OPERANDS)                                                      \
+  asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %" C ", 0;\n"                                         \
+               "wgmma.mma_async.sync.aligned.m64n" N "k16.f32.f16.f16 " REGS ", %" A ", %" B ", acc, 1, 1, 0, 0;\n}\n" \
+               : OPERANDS                                                                                   \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <int N>
+__device__ __forceinline__ void wgmma_ss_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "N: 16, 32, 64, 128 or 256");
+  if constexpr (N == 16) WSQ_WGMMA_SS_F16("16", "8", "9", "10", WSQ_D8_REGS, WSQ_D8_OPERANDS);
+  else if constexpr (N == 32) WSQ_WGMMA_SS_F16("32", "16", "17", "18", WSQ_D16_REGS, WSQ_D16_OPERANDS);
+  else if constexpr (N == 64) WSQ_WGMMA_SS_F16("64", "32", "33", "34", WSQ_D32_REGS, WSQ_D32_OPERANDS);
+  else if constexpr (N == 128) WSQ_WGMMA_SS_F16("128", "64", "65", "66", WSQ_D64_REGS, WSQ_D64_OPERANDS);
+  else WSQ_WGMMA_SS_F16("256", "128", "129", "130", WSQ_D128_REGS, WSQ_D128_OPERANDS);
+}
 
 // D (64 x 128, fp32) (+)= A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in shared memory): one
 // k16 step of S = Q K^T for a warpgroup (64 query rows x Bc = 128 keys). accumulate = 0 overwrites D.

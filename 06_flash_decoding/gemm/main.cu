@@ -30,7 +30,7 @@ namespace {
 struct Flags {
   std::string m = "1,2,4,8,16,32,64,128,256";
   std::string shapes = "4096x4096,12288x4096,11008x4096,4096x11008";
-  std::string kernel = "read_w,gemv,flat,tile,flat_cluster,cublas,auto";
+  std::string kernel;  // empty: read_w, every kernel of the registry, cublas, auto
   std::string table, tune, csv;
   int iters = 20, warmup = 3;
   uint64_t seed = 1;
@@ -42,15 +42,15 @@ struct Shape {
 
 const char* kUsage =
     "usage: decode_gemm [options]\n"
-    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile, flat_cluster (gemm.cuh), cuBLAS\n"
-    "and auto, next to read_w (W's bytes read and nothing else: the ceiling). flat_cluster needs an sm_90 GPU\n"
-    "(thread block clusters); elsewhere its rows say skipped.\n"
+    "Y[M, N] = X[M, K] W^T, fp16 in and out, fp32 accumulation: gemv, flat, tile, flat_cluster, flat_wgmma\n"
+    "(gemm.cuh), cuBLAS and auto, next to read_w (W's bytes read and nothing else: the ceiling). flat_cluster and\n"
+    "flat_wgmma need an sm_90 GPU (elsewhere their rows say skipped); flat_wgmma is built with chapter 05's Hopper\n"
+    "steps (FA_HOPPER, CUDA 12.5 or later).\n"
     "  --m LIST          values of M [1,2,4,8,16,32,64,128,256]\n"
     "  --shapes LIST     NxK shapes of W, K a multiple of 8 [4096x4096,12288x4096,11008x4096,4096x11008]\n"
-    "  --kernel LIST     of read_w, gemv, flat, tile, flat_cluster, cublas, auto\n"
-    "                    [read_w,gemv,flat,tile,flat_cluster,cublas,auto]\n"
+    "  --kernel LIST     of read_w, gemv, flat, tile, flat_cluster, flat_wgmma, cublas, auto [all of them]\n"
     "  --table FILE      the dataflow table auto reads (dataflow.hpp's format) [built-in default]\n"
-    "  --tune FILE       time gemv, flat and tile, and split_kv_fused against the tensor-core decode kernel over\n"
+    "  --tune FILE       time each path's kernels, and split_kv_fused against the tensor-core decode kernel over\n"
     "                    1..16 packed rows, and write this GPU's inflection points into FILE (other rows kept)\n"
     "  --check-table     only parse --table and exit (0: it is well formed)\n"
     "  --iters N         timed runs, the median is reported [20]\n"
@@ -106,9 +106,14 @@ void require_writable(const std::string& path, const std::string& flag) {
   if (!f) throw fa::UsageError(flag + " " + path + ": cannot write there");
 }
 
-// --tune's kernels: each path's (the flat path's is flat_cluster where the GPU has clusters, flat elsewhere: both are
-// run, and the one kernel_of picks is the one timed for the table), cuBLAS and auto.
-const char* const kTuneKernels = "gemv,flat,flat_cluster,tile,cublas,auto";
+// The registry's kernels by name, "gemv,flat,tile,flat_cluster[,flat_wgmma]". --tune runs them all, cuBLAS and auto:
+// the flat path's kernel is flat_cluster where the GPU has clusters, flat elsewhere, the tile path's flat_wgmma on an
+// sm_90 GPU, tile elsewhere; the one kernel_of picks is the one timed for the table.
+std::string registry_names() {
+  std::string names;
+  for (const Kernel& k : kernels()) names += (names.empty() ? "" : ",") + std::string(k.name);
+  return names;
+}
 
 // One kernel of the sweep: a registry kernel, read_w, cuBLAS, or auto (resolved per shape and M).
 struct Entry {
@@ -182,14 +187,17 @@ int main(int argc, char** argv) try {
     shapes.push_back({to_int(nk[0], "--shapes N", 1), to_int(nk[1], "--shapes K", 1)});
     check_shape(1, shapes.back().n, shapes.back().k);
   }
+  const std::string kernel_list = !f.tune.empty()     ? registry_names() + ",cublas,auto"
+                                  : f.kernel.empty() ? "read_w," + registry_names() + ",cublas,auto"
+                                                     : f.kernel;
   std::vector<Entry> entries;
-  for (const std::string& name : split(f.tune.empty() ? f.kernel : kTuneKernels, ',')) {
+  for (const std::string& name : split(kernel_list, ',')) {
     const Kernel* k = nullptr;
     for (const Kernel& r : kernels())
       if (name == r.name) k = &r;
     if (!k && name != "read_w" && name != "cublas" && name != "auto")
       throw fa::UsageError("--kernel " + name +
-                           ": no such kernel (read_w, gemv, flat, tile, flat_cluster, cublas, auto)");
+                           ": no such kernel (read_w, " + registry_names() + ", cublas, auto)");
     entries.push_back({name, k});
   }
   const Table table = f.table.empty() ? Table{} : read_table(f.table);
@@ -201,7 +209,7 @@ int main(int argc, char** argv) try {
     require_writable(f.tune, "--tune");
   }
   std::printf("decode_gemm: %zu shapes x %zu values of M, kernels %s, table %s\n", shapes.size(), ms.size(),
-              f.tune.empty() ? f.kernel.c_str() : kTuneKernels,
+              kernel_list.c_str(),
               f.table.empty() ? "built-in" : f.table.c_str());
   fa::require_gpu();
 
@@ -217,8 +225,9 @@ int main(int argc, char** argv) try {
               "TFLOP/s", "x cuBLAS", "check");
   for (const Shape& s : shapes) {
     size_t ws_floats = 1;
-    for (int m : ms)  // flat's workspace (flat_cluster needs none)
-      ws_floats = std::max(ws_floats, size_t(flat_splits(m, s.n, s.k, sms, flat_slots(m, sms))) * m * s.n);
+    for (int m : ms)  // the split-K kernels' workspace (flat_cluster needs none, but the largest is kept)
+      for (const Kernel& k : kernels())
+        if (k.splits) ws_floats = std::max(ws_floats, size_t(k.splits(m, s.n, s.k, sms)) * m * s.n);
     const HostGemm h = make_inputs(m_max, s.n, s.k, f.seed);
     fa::DeviceBuffer<__half> x(h.x.size()), w(h.w.size()), y(size_t(m_max) * s.n);
     fa::DeviceBuffer<float> ws(ws_floats);
@@ -249,12 +258,12 @@ int main(int argc, char** argv) try {
         const Kernel* k = e.name == "auto" ? &kernel_of(pick) : e.kernel;
         Args a;
         a.m = m, a.n = s.n, a.k = s.k, a.x = x.get(), a.w = w.get(), a.y = y.get(), a.workspace = ws.get();
-        a.splits = k && k->slots ? flat_splits(m, s.n, s.k, sms, k->slots(m, sms)) : 1;
+        a.splits = k && k->splits ? k->splits(m, s.n, s.k, sms) : 1;
         auto run = [&] { k ? k->launch(a) : cublas_gemm(handle, a); };
         y.poison();
         try {
           run();
-        } catch (const fa::NotOnThisGpu& skip) {  // flat_cluster on a GPU without clusters: not a failure
+        } catch (const fa::NotOnThisGpu& skip) {  // flat_cluster, flat_wgmma elsewhere than on sm_90: not a failure
           std::printf("%6d %6d %5d %-12s skipped: %s\n", s.n, s.k, m, e.name.c_str(), skip.what());
           continue;
         }
@@ -267,7 +276,7 @@ int main(int argc, char** argv) try {
         if (e.name == "cublas") cublas_ms = t;
         if (e.name == "gemv") point.gemv_ms = t;
         if (e.name != "auto" && k == &kernel_of(Path::flat)) point.flat_ms = t;  // the flat path's kernel
-        if (e.name == "tile") point.tile_ms = t;
+        if (e.name != "auto" && k == &kernel_of(Path::tile)) point.tile_ms = t;  // the tile path's kernel
         const double gbps = gbps_of_ms / t, tflops = 2.0 * m * s.n * s.k / (t * 1e9);
         std::printf("%6d %6d %5d %-12s %-6s %10.4f %9.1f %9.2f %9s  %s\n", s.n, s.k, m, e.name.c_str(),
                     kernel_of(pick).name, t, gbps, tflops, "", err.summary().c_str());

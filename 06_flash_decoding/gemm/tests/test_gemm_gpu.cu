@@ -1,8 +1,9 @@
 // Every kernel of the registry (gemm.cuh) on the GPU against fp64 (check.hpp's rule), on ragged shapes (M = 1, 3, 8,
 // 9, 17, 33, 65: the flat GEMM's 1 to 8 groups and 2 slabs; N, K not tile multiples) and on one 7B-class shape per
 // kernel, the flat GEMM with the split-K that flat_splits picks for this GPU and with 3 splits forced; flat_cluster
-// with 1 to 8 pieces, the same bits as flat (skipped, said so, on a GPU without thread block clusters); read_w's
-// checksum (every word of W read).
+// with 1 to 8 pieces, the same bits as flat (skipped, said so, on a GPU without thread block clusters); flat_wgmma
+// on every padding of M (16 to 256 rows, and two slabs), with 1 to 5 pieces (sm_90 only); read_w's checksum (every
+// word of W read).
 // Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
 
@@ -40,10 +41,8 @@ GemmError run(const HostGemm& h, void (*launch)(const Args&), int splits, bool s
   return sampled ? check(h, out, sample(h.m, 8), sample(h.n, 64)) : check_all(h, out);
 }
 int sms() { return fa::device_props().multiProcessorCount; }
-// The split-K flat_splits picks for `kernel` on this GPU (1 for the kernels without).
-int splits_of(const Kernel& kernel, int m, int n, int k) {
-  return kernel.slots ? flat_splits(m, n, k, sms(), kernel.slots(m, sms())) : 1;
-}
+// The split-K `kernel` picks on this GPU (1 for the kernels without).
+int splits_of(const Kernel& kernel, int m, int n, int k) { return kernel.splits ? kernel.splits(m, n, k, sms()) : 1; }
 bool clusters() { return flat_cluster::slots(1, sms()) > 0; }  // this GPU launches thread block clusters
 
 }  // namespace
@@ -56,7 +55,7 @@ TEST_CASE("06 gemm GPU: every kernel on ragged M, N, K vs fp64") {
     for (const Shape& s : std::vector<Shape>{{5, 8}, {77, 136}, {136, 392}, {1000, 1032}}) {
       const HostGemm h = make_inputs(m, s.n, s.k, 1000 + m);
       for (const Kernel& kernel : kernels()) {
-        if (kernel.launch == flat_cluster::launch && !clusters()) continue;
+        if (!runs_here(kernel)) continue;
         const int splits = splits_of(kernel, m, s.n, s.k);
         INFO(kernel.name, ": M ", m, ", N ", s.n, ", K ", s.k, ", splits ", splits);
         const GemmError e = run(h, kernel.launch, splits, false);
@@ -75,7 +74,7 @@ TEST_CASE("06 gemm GPU: a 7B-class shape (N 4096, K 11008), sampled entries") {
   for (int m : {1, 8, 64, 200}) {
     const HostGemm h = make_inputs(m, 4096, 11008, 77 + m);
     for (const Kernel& kernel : kernels()) {
-      if (kernel.launch == flat_cluster::launch && !clusters()) continue;
+      if (!runs_here(kernel)) continue;
       const int splits = splits_of(kernel, m, h.n, h.k);
       INFO(kernel.name, ": M ", m, ", splits ", splits);
       const GemmError e = run(h, kernel.launch, splits, true);
@@ -116,6 +115,25 @@ TEST_CASE("06 gemm GPU: flat_cluster's split-K summed in a cluster, 1 to 8 piece
   const HostGemm h = make_inputs(8, 4096, 11008, 7);  // the 7B shape, launch after launch
   for (int splits : {4, 2, 4}) CHECK(run(h, flat_cluster::launch, splits, true).ok());
 }
+
+#ifdef FDEC_GEMM_HOPPER
+TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, 1 to 5 pieces of K, launch after launch") {
+  if (!flat_wgmma::supported()) {
+    MESSAGE("skipped: flat_wgmma needs an sm_90 GPU (wgmma, TMA); this one is not");
+    return;
+  }
+  for (int m : {1, 16, 17, 31, 64, 100, 128, 129, 255, 256, 257, 300})  // Mp 16 .. 256; M > 256: two slabs
+    for (int splits : {1, 2, 3, 5}) {
+      const HostGemm h = make_inputs(m, 200, 648, 500 + m);  // ragged N (two tiles, the second 72 wide), 11 K tiles
+      INFO("M ", m, ", splits ", splits);
+      const GemmError e = run(h, flat_wgmma::launch, splits, false);
+      INFO(e.summary());
+      CHECK(e.ok());
+    }
+  const HostGemm h = make_inputs(256, 12288, 4096, 9);  // a 7B shape at its largest M, launch after launch
+  for (int splits : {1, 4, 2, 4}) CHECK(run(h, flat_wgmma::launch, splits, true).ok());
+}
+#endif
 
 TEST_CASE("06 gemm GPU: read_w reads every 32-bit word of W once (its XOR)") {
   for (const std::pair<int, int>& nk : std::vector<std::pair<int, int>>{{5, 8}, {77, 136}, {4096, 4096}, {4096, 11008}}) {

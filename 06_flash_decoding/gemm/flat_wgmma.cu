@@ -1,0 +1,241 @@
+// flat_wgmma: Y[M, N] = X[M, K] W^T on Hopper's warpgroup tensor cores (sm_90a), for the M that outgrow the flat
+// kernel's registers: 17 to 256 rows (README.md §7). The flat GEMM's operand swap, Y^T = W X^T, kept: 64 rows of W
+// (64 outputs n) are the A operand, the M rows of X (padded to Mp = 16, 32, 64, 128 or 256) the B operand, so that
+// one wgmma.m64nMpk16 multiplies them all and each weight is read from HBM once. What changes is the machinery around
+// the product (chapter 05's steps 9-10, hopper/): a producer warp copies tiles of W and X into a ring of shared-memory
+// stages with TMA, the consumers' wgmma read both operands from there, and mbarriers pass each stage between them.
+// The bytes of W in flight are the stages' (96-192 KiB an SM), not registers, and the tensor cores read X from
+// shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
+// Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255) own outputs n0 + 64 wg .. + 63; producer warpgroup
+// 2 (thread 256 issues) fills the stages. As in chapter 05's step 10, the producer gives its registers to the
+// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each. A stage is a K tile of 64: W's rows n0 .. n0 + 127 and X's rows
+// m0 .. m0 + Mp - 1, 128 bytes each (one 128-byte-swizzled panel, as TMA writes it).
+// Accumulators: Y^T's 64 x Mp tile of a warpgroup, Mp / 2 fp32 a thread (128 at Mp = 256): register 4j + e of lane
+// (g, t) of warp w holds n = 16 w + g + 8 (e / 2), m = 8 j + 2 t + e % 2.
+// Shared memory: stages x (128 + Mp) x 128 bytes, as many stages as fit 200 KiB (up to 8): 8 x 18 KiB at Mp = 16,
+// 8 x 24 KiB at 64, 6 x 32 KiB at 128, 4 x 48 KiB at 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM.
+// The accumulators are not zeroed: each warpgroup's first wgmma overwrites them (scale-d = 0), because zeroing them
+// with ordinary instructions makes ptxas serialise every wgmma of the loop (its warning C7515).
+// Grid: (ceil(N / 128), splits, ceil(M / 256)): blockIdx.y takes a contiguous range of K tiles (split-K, summed as
+// flat_gemm.cu does: partials to the workspace, the last block of an output tile adds them in split order);
+// blockIdx.z a slab of 256 rows of X (M > 256: each slab reads W again).
+// Rows past N or M and k past K arrive as zeros from TMA (the box is clipped to the tensor); they are not stored.
+#include <stdexcept>
+#include <string>
+
+#include "async_ptx.cuh"  // atomic_add_acq_rel
+#include "gemm.cuh"
+#include "merge.cuh"      // merge_counters
+#include "hopper/tma_host.cuh"
+#include "hopper/wgmma.cuh"
+
+namespace fdec::gemm::flat_wgmma {
+namespace {
+
+using namespace wsq::sm90;
+constexpr int kConsumers = 2;                        // consumer warpgroups, 64 outputs n each (wgmma's M = 64)
+constexpr int kTileN = 64 * kConsumers;              // outputs n per block
+constexpr int kTileK = kPanelCols;                   // k per stage: one 128-byte row of W and of X
+constexpr int kConsumerThreads = 128 * kConsumers;
+constexpr int kThreads = kConsumerThreads + 128;     // + the producer warpgroup
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = the 384 x 168 the block starts with
+constexpr int kSlabRows = 256;                       // rows of X per block at most: wgmma's largest N
+constexpr int kStageBudget = 200 * 1024, kMaxStages = 8;
+constexpr int kEpilogueBarrier = 1;                  // a named barrier of the consumers (the producer may have left)
+constexpr int kTileStride = kTileN + 4;              // floats per row of the epilogue's tile in shared memory
+
+template <int Mp>
+struct Layout {
+  static constexpr uint32_t w_bytes = kTileN * kRowBytes, x_bytes = Mp * kRowBytes;
+  static constexpr uint32_t stage_bytes = w_bytes + x_bytes;  // a multiple of 1024: every tile starts on an atom
+  static constexpr int stages = kStageBudget / stage_bytes < kMaxStages ? kStageBudget / stage_bytes : kMaxStages;
+  static constexpr size_t bytes = size_t(stages) * stage_bytes + 2 * stages * sizeof(uint64_t);
+  static constexpr size_t alloc = bytes + kAtomBytes;  // slack to round the dynamic base up to 1024 bytes
+  static_assert(size_t(Mp) * kTileStride * 4 <= size_t(stages) * stage_bytes, "the epilogue's tile fits the stages");
+};
+
+// Outputs n .. n + 3 of row m: of Y in fp16, of a split's fp32 partials (a workspace [M][N]), read back from one.
+// In one 8- or 16-byte access where N is a multiple of 4 (every piece then lies inside a row, aligned), else one by
+// one; outputs past N are neither stored nor loaded.
+__device__ __forceinline__ void store_y(const Args& a, int m, int n, float4 v) {
+  const __half h[4] = {__float2half_rn(v.x), __float2half_rn(v.y), __float2half_rn(v.z), __float2half_rn(v.w)};
+  __half* y = a.y + size_t(m) * a.n + n;
+  if (a.n % 4 == 0 && n < a.n) *reinterpret_cast<uint2*>(y) = *reinterpret_cast<const uint2*>(h);
+  else
+    for (int q = 0; q < 4; ++q)
+      if (n + q < a.n) y[q] = h[q];
+}
+__device__ __forceinline__ void store_partial(const Args& a, float* ws, int m, int n, float4 v) {
+  float* p = ws + size_t(m) * a.n + n;
+  if (a.n % 4 == 0 && n < a.n) *reinterpret_cast<float4*>(p) = v;
+  else {
+    const float f[4] = {v.x, v.y, v.z, v.w};
+    for (int q = 0; q < 4; ++q)
+      if (n + q < a.n) p[q] = f[q];
+  }
+}
+__device__ __forceinline__ float4 load_partial(const Args& a, const float* ws, int m, int n) {  // ld.cg: see below
+  const float* p = ws + size_t(m) * a.n + n;
+  if (a.n % 4 == 0 && n < a.n) return __ldcg(reinterpret_cast<const float4*>(p));
+  float f[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int q = 0; q < 4; ++q)
+    if (n + q < a.n) f[q] = __ldcg(p + q);
+  return make_float4(f[0], f[1], f[2], f[3]);
+}
+
+template <int Mp>
+__global__ void __launch_bounds__(kThreads, 1)
+    flat_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x, Args a,
+                      int* done) {
+  using L = Layout<Mp>;
+  unsigned char* smem = smem_1024();
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::stages * L::stage_bytes);  // [stages]: a stage's bytes landed
+  uint64_t* empty = full + L::stages;                                                 // [stages]: the consumers are done
+  const int n0 = blockIdx.x * kTileN, split = blockIdx.y, m0 = blockIdx.z * kSlabRows;
+  const int k_tiles = (a.k + kTileK - 1) / kTileK;
+  const int kt_begin = split * k_tiles / a.splits, kt_end = (split + 1) * k_tiles / a.splits;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], kConsumerThreads);
+    fence_barrier_init();
+  }
+  __syncthreads();  // the only block-wide barrier: afterwards producer and consumers meet only at mbarriers
+
+  if (wg == kConsumers) {  // the producer warpgroup
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != kConsumerThreads) return;
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+      const int i = kt - kt_begin, s = i % L::stages, round = i / L::stages;
+      mbar_wait(&empty[s], (round & 1) ^ 1);  // round r reuses stage s after the consumers' release r - 1
+      unsigned char* stage = smem + s * L::stage_bytes;
+      mbar_arrive_expect_tx(&full[s], L::stage_bytes);
+      tma_load_3d(stage, &tm_w, &full[s], kt * kTileK, n0, 0);
+      tma_load_3d(stage + L::w_bytes, &tm_x, &full[s], kt * kTileK, m0, 0);
+    }
+    return;
+  }
+
+  setmaxnreg_inc<kConsumerRegs>();
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float acc[Mp / 2];
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    const int i = kt - kt_begin, s = i % L::stages;
+    mbar_wait(&full[s], (i / L::stages) & 1);
+    const unsigned char* w_s = smem + s * L::stage_bytes + wg * 64 * kRowBytes;  // this warpgroup's 64 rows of W
+    const unsigned char* x_s = smem + s * L::stage_bytes + L::w_bytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk)
+      wgmma_ss_f16<Mp>(acc, desc_k_major(w_s + k_major_step(kk, kTileN)), desc_k_major(x_s + k_major_step(kk, Mp)),
+                       i > 0 || kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's products are done (this one's may still run): release that stage
+    fence_operands(acc);
+    if (i > 0) mbar_arrive(&empty[(i - 1) % L::stages]);
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+
+  // The epilogue goes through shared memory, so that Y and the workspace are written in whole rows, 16 bytes a thread,
+  // instead of the accumulators' scattered 2- or 4-byte elements (a warp's store would touch 4 rows of 16 or 32
+  // bytes). The tile (Mp rows m x 128 outputs n, fp32; rows padded to kTileStride, so that the accumulators' stores
+  // fall into 32 different banks) takes the place of the stages once both warpgroups' products are done.
+  float* tile = reinterpret_cast<float*>(smem);
+  named_bar_sync(kEpilogueBarrier, kConsumerThreads);  // the other warpgroup's last wgmma no longer reads the stages
+#pragma unroll
+  for (int j = 0; j < Mp / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      tile[(8 * j + 2 * t + e % 2) * kTileStride + 64 * wg + 16 * warp + g + 8 * (e / 2)] = acc[4 * j + e];
+  named_bar_sync(kEpilogueBarrier, kConsumerThreads);
+  // Thread i takes outputs n0 + 4 (i % 32) .. + 3 of rows i / 32, + 8, + 16, ... of the tile.
+  const int rows = min(Mp, a.m - m0), n = n0 + 4 * (threadIdx.x % 32), r0 = threadIdx.x / 32;
+  constexpr int kRowStep = kConsumerThreads / 32;
+  auto tile_at = [&](int r) { return *reinterpret_cast<const float4*>(tile + r * kTileStride + n - n0); };
+  if (a.splits == 1) {
+    for (int r = r0; r < rows; r += kRowStep) store_y(a, m0 + r, n, tile_at(r));
+    return;
+  }
+  // Split-K, as flat_gemm.cu: the partials out, the barrier, thread 0 counts the tile's splits (release and
+  // acquire), the last block adds every split's partials in split order (its own from shared memory).
+  const size_t elems = size_t(a.m) * a.n;
+  for (int r = r0; r < rows; r += kRowStep) store_partial(a, a.workspace + split * elems, m0 + r, n, tile_at(r));
+  static __shared__ int last;
+  named_bar_sync(kEpilogueBarrier, kConsumerThreads);
+  if (threadIdx.x == 0) {
+    int* count = done + blockIdx.z * gridDim.x + blockIdx.x;
+    last = atomic_add_acq_rel(count, 1) == a.splits - 1;
+    if (last) *count = 0;  // every split of this tile has counted: ready for the next launch
+  }
+  named_bar_sync(kEpilogueBarrier, kConsumerThreads);
+  if (!last) return;
+#pragma unroll 4
+  for (int r = r0; r < rows; r += kRowStep) {  // rows independent of each other: their loads overlap
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int p = 0; p < a.splits; ++p) {
+      const float4 v = p == split ? tile_at(r) : load_partial(a, a.workspace + p * elems, m0 + r, n);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    store_y(a, m0 + r, n, sum);
+  }
+}
+
+// The block's rows of X: M (up to a slab of 256) padded to the next of 16, 32, 64, 128, 256.
+int padded_rows(int m) {
+  int mp = 16;
+  while (mp < kSlabRows && mp < m) mp *= 2;
+  return mp;
+}
+
+template <int Mp>
+void launch_rows(const Args& a, dim3 grid, int* done) {
+  const auto* w = reinterpret_cast<const fa::half_t*>(a.w);
+  const auto* x = reinterpret_cast<const fa::half_t*>(a.x);
+  const CUtensorMap tm_w = tensor_map(w, a.k, a.n, 1, kTileN);  // [N][K]: boxes of 128 rows x 64 k
+  const CUtensorMap tm_x = tensor_map(x, a.k, a.m, 1, Mp);      // [M][K]: boxes of Mp rows x 64 k
+  launch_sm90(flat_wgmma_kernel<Mp>, grid, kThreads, Layout<Mp>::alloc, "flat_wgmma", tm_w, tm_x, a, done);
+}
+
+}  // namespace
+
+#ifdef __CUDACC__
+bool supported() {  // sm_90a code runs on compute capability 9.0 alone
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, fa::current_device()));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, fa::current_device()));
+  return major == 9 && minor == 0;
+}
+#else
+bool supported() { return true; }  // the CPU emulation (tests/test_gemm_wgmma_emulated.cpp)
+#endif
+
+void launch(const Args& a) {
+  check_shape(a.m, a.n, a.k);
+  if (!supported()) throw fa::NotOnThisGpu("flat_wgmma needs an sm_90 GPU (wgmma, TMA): this one is not");
+  const int k_tiles = (a.k + kTileK - 1) / kTileK;
+  if (a.splits < 1 || a.splits > kMaxSplits || a.splits > k_tiles || (a.splits > 1 && !a.workspace))
+    throw std::invalid_argument("flat_wgmma: splits " + std::to_string(a.splits) + " must be in 1 .. min(" +
+                                std::to_string(kMaxSplits) + ", K tiles " + std::to_string(k_tiles) +
+                                "), with a workspace when above 1");
+  const dim3 grid((a.n + kTileN - 1) / kTileN, a.splits, (a.m + kSlabRows - 1) / kSlabRows);
+  int* done = a.splits > 1 ? merge_counters(size_t(grid.x) * grid.z) : nullptr;
+  switch (padded_rows(a.m)) {
+    case 16: return launch_rows<16>(a, grid, done);
+    case 32: return launch_rows<32>(a, grid, done);
+    case 64: return launch_rows<64>(a, grid, done);
+    case 128: return launch_rows<128>(a, grid, done);
+    default: return launch_rows<256>(a, grid, done);
+  }
+}
+
+// One block an SM (its stages fill most of the shared memory): split-K over the SMs, in at most 2 pieces. More
+// pieces fill more SMs but cost more than they bring: the last block of a tile reads every other piece's partials
+// alone (its SM's own bandwidth, 0.5 MiB a piece at Mp = 256), after all the work (README §7; measured in
+// ../NOTEBOOK.md).
+int splits(int m, int n, int k, int sms) {
+  const long long blocks = (long long)((n + kTileN - 1) / kTileN) * ((m + kSlabRows - 1) / kSlabRows);
+  return splits_for(blocks, (k + kTileK - 1) / kTileK, sms, sms, 2);
+}
+
+}  // namespace fdec::gemm::flat_wgmma
