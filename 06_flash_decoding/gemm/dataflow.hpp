@@ -1,4 +1,4 @@
-// FlashDecoding++'s heuristic dataflow (README.md §7): per GPU and per linear-layer shape, which implementation to
+// FlashDecoding++'s heuristic dataflow (README.md §8): per GPU and per linear-layer shape, which implementation to
 // run for a given M, read off a small table of inflection points measured on that GPU (decode_gemm --tune). The
 // same table holds the attention kernels' switch of chapter 06: CUDA cores (split_kv_fused) up to some packed row
 // count (group x q_len), tensor cores beyond (flat_gemm up to 8 rows, split_kv_mma above). Plain C++: the CPU tests
