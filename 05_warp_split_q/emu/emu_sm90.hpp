@@ -22,6 +22,10 @@
 //     (a wait missing or too late) computes garbage. Its shared-memory operands are read at issue and again at that
 //     wait: if they changed in between (a buffer released and refilled while the wgmma still reads it), the test
 //     stops with an error.
+//   * Thread block clusters (chapter 06's decode GEMM, gemm/flat_wgmma.cu): a cluster's blocks run together, their
+//     threads all in one schedule, each block with its own shared memory (garbage at the start; NaN once every
+//     thread of the block has finished, so a peer reading it after it left reads NaN); the cluster barrier counts
+//     every thread of the cluster, and a peer's shared memory is read through emu9::cluster_peer (mapa).
 // Slow, and it proves nothing about timing or about what the asynchronous hardware might reorder; it does check
 // the index arithmetic, the phases and the layouts.
 #pragma once
@@ -76,13 +80,20 @@ struct Fiber {
 };
 inline std::vector<Fiber> fibers;
 inline ucontext_t main_ctx;
-inline int current = 0, n_threads = 0, alive = 0;
+// Fiber f is thread f % block_threads of the cluster's block f / block_threads (a cluster of one block: f is the
+// thread); n_threads counts the threads of every block run together.
+inline int current = 0, n_threads = 0, alive = 0, block_threads = 0;
 inline dim3 thread_idx, block_idx, grid_dim;  // grid_dim: of the running launch
+inline dim3 cluster_first;                   // blockIdx of the cluster's block of rank 0 (the cluster runs along y)
+inline std::vector<int> block_alive;         // per block of the cluster: its threads not finished yet
+inline void (*on_block_exit)(int block) = nullptr;
 inline void (*body)() = nullptr;
+inline int block_of(int fiber) { return fiber / block_threads; }
 
 inline void go_to(int next, bool save) {
   const int me = current;
-  current = next, thread_idx = dim3(unsigned(next));
+  current = next, thread_idx = dim3(unsigned(next % block_threads));
+  block_idx = dim3(cluster_first.x, cluster_first.y + unsigned(block_of(next)), cluster_first.z);
   if (save) swapcontext(&fibers[me].ctx, &fibers[next].ctx);
   else setcontext(&fibers[next].ctx);
 }
@@ -132,6 +143,7 @@ inline void fiber_entry() {
   body();
   fibers[current].done = true;
   --alive;
+  if (--block_alive[block_of(current)] == 0 && on_block_exit) on_block_exit(block_of(current));
   const int next = pick(current);
   if (next < 0) {
     if (alive > 0) deadlock();  // the others wait on something only a finished thread could have done
@@ -140,11 +152,13 @@ inline void fiber_entry() {
   fibers[next].wait = nullptr;
   go_to(next, false);
 }
-inline void run_block(int threads, dim3 block) {
+// Runs `blocks` blocks of `threads` threads together (a cluster: blockIdx first, first + (0, 1, 0), ...).
+inline void run_blocks(int threads, int blocks, dim3 first) {
   constexpr size_t kStack = 96 * 1024;
-  fibers.resize(threads);
-  n_threads = alive = threads, block_idx = block;
-  for (int t = 0; t < threads; ++t) {
+  fibers.resize(size_t(threads) * blocks);
+  block_threads = threads, n_threads = alive = threads * blocks, cluster_first = first;
+  block_alive.assign(blocks, threads);
+  for (int t = 0; t < n_threads; ++t) {
     Fiber& f = fibers[t];
     f.stack.resize(kStack);
     f.done = false, f.wait = nullptr;
@@ -154,7 +168,7 @@ inline void run_block(int threads, dim3 block) {
     f.ctx.uc_link = &main_ctx;
     makecontext(&f.ctx, fiber_entry, 0);
   }
-  current = 0, thread_idx = dim3(0);
+  current = 0, thread_idx = dim3(0), block_idx = first;
   swapcontext(&main_ctx, &fibers[0].ctx);
 }
 
@@ -171,14 +185,27 @@ inline void bar_sync(Barrier& b, int count, const char* what) {
   bar_arrive(b, count);
   wait_until([&] { return b.generation != g; }, what);
 }
-inline Barrier block_barrier;
-inline Barrier named[16];
-inline std::vector<Barrier> warp_barriers;
-inline std::vector<std::array<uint64_t, 4>> slots;  // what each thread puts on its warp's table
+inline std::vector<Barrier> block_barriers;             // per block: __syncthreads
+inline std::vector<std::array<Barrier, 16>> named;      // per block: the named barriers
+inline std::vector<Barrier> warp_barriers;              // per warp of the blocks run together (fiber / 32)
+inline std::vector<std::array<uint64_t, 4>> slots;      // per fiber: what a thread puts on its warp's table
+inline Barrier cluster_barrier;
+inline std::vector<long> cluster_arrived_at;            // per fiber: the cluster barrier's generation at its arrive
 
 inline int lane() { return int(thread_idx.x % 32); }
-inline int warp() { return int(thread_idx.x / 32); }
-inline void warp_sync() { bar_sync(warp_barriers[warp()], 32, "a warp exchange"); }
+inline int warp() { return int(thread_idx.x / 32); }  // within the block
+inline int warp_base() { return current / 32 * 32; }  // the fiber of this warp's lane 0
+inline void warp_sync() { bar_sync(warp_barriers[current / 32], 32, "a warp exchange"); }
+// barrier.cluster.arrive and .wait: every thread of every block of the cluster arrives, then waits for the others.
+inline void cluster_arrive() {
+  cluster_arrived_at[current] = cluster_barrier.generation;
+  bar_arrive(cluster_barrier, n_threads);
+}
+inline void cluster_wait() {
+  const long g = cluster_arrived_at[current];
+  wait_until([g] { return cluster_barrier.generation != g; }, "the cluster barrier");
+}
+inline unsigned cluster_rank() { return unsigned(block_of(current)); }
 
 // ---- mbarriers, found by their shared-memory address ----
 struct Mbar {
@@ -200,19 +227,22 @@ inline void mbar_check(Mbar& m) {
 #define threadIdx (emu9::thread_idx)
 #define blockIdx (emu9::block_idx)
 #define gridDim (emu9::grid_dim)
-inline void __syncthreads() { emu9::bar_sync(emu9::block_barrier, emu9::n_threads, "__syncthreads"); }
+inline void __syncthreads() {
+  emu9::bar_sync(emu9::block_barriers[emu9::block_of(emu9::current)], emu9::block_threads, "__syncthreads");
+}
 template <class X>
 inline X exchange(X x, int src_lane) {
   uint64_t bits = 0;
   std::memcpy(&bits, &x, sizeof(X));
-  emu9::slots[threadIdx.x][0] = bits;
+  emu9::slots[emu9::current][0] = bits;
   emu9::warp_sync();
-  const uint64_t other = emu9::slots[emu9::warp() * 32 + src_lane][0];
+  const uint64_t other = emu9::slots[emu9::warp_base() + src_lane][0];
   emu9::warp_sync();
   X y;
   std::memcpy(&y, &other, sizeof(X));
   return y;
 }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu9::warp_sync(); }
 inline float __shfl_xor_sync(unsigned, float x, int mask) { return exchange(x, emu9::lane() ^ mask); }
 inline int __shfl_sync(unsigned, int x, int src) { return exchange(x, src); }
 
@@ -238,8 +268,15 @@ inline std::map<const void*, std::vector<Copy>> in_flight;
 namespace wsq {
 
 namespace {
-alignas(1024) unsigned char smem_raw[232 * 1024];  // the kernels' `extern __shared__` array (one block at a time)
-inline uint32_t smem_addr(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - smem_raw); }
+// The kernels' `extern __shared__` array: one per block of a cluster run together (one block at a time otherwise).
+// Steps 9-14 name block 0's array `smem_raw` themselves (`extern __shared__`); a cluster's other blocks have theirs.
+constexpr size_t kSmemBytes = 232 * 1024;
+constexpr int kMaxClusterBlocks = 4;
+alignas(1024) unsigned char smem_raw[kSmemBytes];
+alignas(1024) unsigned char smem_more[kMaxClusterBlocks - 1][kSmemBytes];
+inline unsigned char* smem_of(int block) { return block == 0 ? smem_raw : smem_more[block - 1]; }
+inline unsigned char* smem_here() { return smem_of(emu9::block_of(emu9::current)); }  // the running thread's block's
+inline uint32_t smem_addr(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - smem_here()); }
 }  // namespace
 
 namespace sm90 {
@@ -265,11 +302,13 @@ template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
-inline void named_bar_sync(int id, int threads) { emu9::bar_sync(emu9::named[id], threads, "a named barrier"); }
+inline void named_bar_sync(int id, int threads) {
+  emu9::bar_sync(emu9::named[emu9::block_of(emu9::current)][id], threads, "a named barrier");
+}
 // bar.arrive does not wait, but the threads it releases may run at once, before this thread's next instruction: the
 // emulated arrive lets them (a store moved below an arrive that should cover it then lands after its reader ran).
 inline void named_bar_arrive(int id, int threads) {
-  emu9::bar_arrive(emu9::named[id], threads);
+  emu9::bar_arrive(emu9::named[emu9::block_of(emu9::current)][id], threads);
   emu9::yield();
 }
 
@@ -302,14 +341,14 @@ inline void land(uint64_t* bar) {
   for (const emu9::Copy& c : copies) copy_box(c.dst, &c.map, bar, c.c0, c.c1, c.c2);
 }
 
-inline unsigned char* smem_1024() { return smem_raw; }  // already on a 1024-byte boundary
+inline unsigned char* smem_1024() { return smem_here(); }  // already on a 1024-byte boundary
 inline uint64_t desc_k_major(const void* tile) { return k_major_desc(smem_addr(tile)); }
 inline uint64_t desc_mn_major(const void* tile, uint32_t panel) { return mn_major_desc(smem_addr(tile), panel); }
 inline void wgmma_fence() {}
 template <int N>
 inline void fence_operands(float (&)[N]) {}
 
-// Everything that reads smem_raw is internal to the translation unit, as smem_raw is: each step's file is compiled
+// Everything that reads the shared memory is internal to the translation unit, as smem_raw is: each step's file is compiled
 // with its own copy of this header, and one file's wgmma must never read another file's shared memory.
 namespace {
 
@@ -317,14 +356,14 @@ namespace {
 inline uint16_t at_k_major(uint64_t d, int row, int k) {
   const uint32_t start = uint32_t(d & 0x3FFF) << 4, stride = uint32_t((d >> 32) & 0x3FFF) << 4;
   uint16_t x;
-  std::memcpy(&x, smem_raw + swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k * 2), 2);
+  std::memcpy(&x, smem_here() + swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k * 2), 2);
   return x;
 }
 inline uint16_t at_mn_major(uint64_t d, int k, int n) {
   const uint32_t start = uint32_t(d & 0x3FFF) << 4, leading = uint32_t((d >> 16) & 0x3FFF) << 4,
                  stride = uint32_t((d >> 32) & 0x3FFF) << 4;
   uint16_t x;
-  std::memcpy(&x, smem_raw + swizzle128(start + (n % 64) * 2 + (n / 64) * leading + (k % 8) * 128 + (k / 8) * stride), 2);
+  std::memcpy(&x, smem_here() + swizzle128(start + (n % 64) * 2 + (n / 64) * leading + (k % 8) * 128 + (k / 8) * stride), 2);
   return x;
 }
 
@@ -431,10 +470,10 @@ inline void wgmma_ss_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, in
 template <class T, int N>
 inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   constexpr bool h = std::is_same_v<T, fa::half_t>;
-  for (int x = 0; x < 4; ++x) emu9::slots[threadIdx.x][x] = a[x];
+  for (int x = 0; x < 4; ++x) emu9::slots[emu9::current][x] = a[x];
   emu9::warp_sync();
   std::array<std::array<float, 16>, 16> A;  // rows 16 w .. 16 w + 15 of A, as seen by this warp
-  const int base = emu9::warp() * 32;
+  const int base = emu9::warp_base();
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int e = 0; e < 8; ++e) {
@@ -450,35 +489,46 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b)
   });
 }
 
-// A fresh block for every launch: shared memory garbage (like real shared memory), no barrier, TMA copy or wgmma
-// left from the block before. Internal, like everything here that touches this file's shared memory.
-inline void reset_block(int threads) {
-  std::memset(smem_raw, 0xA5, sizeof(smem_raw));
+// Fresh blocks for every launch (or cluster): shared memory garbage (like real shared memory), no barrier, TMA copy or
+// wgmma left from the blocks before. Internal, like everything here that touches this file's shared memory.
+inline void reset_blocks(int threads, int blocks) {
+  for (int b = 0; b < blocks; ++b) std::memset(smem_of(b), 0xA5, kSmemBytes);
   emu9::mbars.clear();
   emu9::in_flight.clear();
-  emu9::block_barrier = {};
-  for (emu9::Barrier& b : emu9::named) b = {};
-  emu9::warp_barriers.assign(threads / 32, {});
-  emu9::slots.assign(threads, {});
-  wgmmas.assign(threads, {});
+  emu9::block_barriers.assign(blocks, {});
+  emu9::named.assign(blocks, {});
+  emu9::warp_barriers.assign(size_t(threads) * blocks / 32, {});
+  emu9::slots.assign(size_t(threads) * blocks, {});
+  emu9::cluster_barrier = {};
+  emu9::cluster_arrived_at.assign(size_t(threads) * blocks, 0);
+  wgmmas.assign(size_t(threads) * blocks, {});
 }
 
-// The grid, blocks one after another, each with `threads` emulated threads running `call` (the kernel with its
-// arguments); `reset_more` clears what a header adds to a block's state (emu_sm90_bwd.hpp: the bulk groups).
+// The grid, clusters of `cluster_y` blocks along y (1: blocks one after another), each block with `threads` emulated
+// threads running `call` (the kernel with its arguments); `reset_more` clears what a header adds to a block's state
+// (emu_sm90_bwd.hpp: the bulk groups, one cluster of one block at a time).
 inline void run_grid(dim3 grid, int threads, size_t smem_bytes, std::function<void()> call,
-                     void (*reset_more)(int threads) = nullptr) {
-  if (smem_bytes > sizeof(smem_raw)) throw std::runtime_error("emulated launch: too much shared memory");
+                     void (*reset_more)(int threads) = nullptr, int cluster_y = 1) {
+  if (smem_bytes > kSmemBytes) throw std::runtime_error("emulated launch: too much shared memory");
+  if (cluster_y < 1 || cluster_y > kMaxClusterBlocks || grid.y % unsigned(cluster_y) != 0)
+    throw std::runtime_error("emulated launch: a cluster of 1 to 4 blocks along y, dividing grid.y");
   static std::function<void()> run;  // emu9::body is a plain function pointer: the call goes through this
   run = std::move(call);
   emu9::grid_dim = grid;
+  emu9::on_block_exit = cluster_y > 1 ? +[](int b) { std::memset(smem_of(b), 0xFF, kSmemBytes); } : nullptr;  // NaN
   for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned by = 0; by < grid.y; by += unsigned(cluster_y))
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        reset_block(threads);
+        reset_blocks(threads, cluster_y);
         if (reset_more) reset_more(threads);
         emu9::body = [] { run(); };
-        emu9::run_block(threads, dim3(bx, by, bz));
+        emu9::run_blocks(threads, cluster_y, dim3(bx, by, bz));
       }
+}
+
+// A peer block's shared memory (mapa): the same offset in block `rank`'s array as p has in this block's.
+inline void* cluster_peer(const void* p, unsigned rank) {
+  return smem_of(int(rank)) + (static_cast<const unsigned char*>(p) - smem_here());
 }
 
 }  // namespace
@@ -500,6 +550,11 @@ void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes,
 template <class... Params, class... Args>
 void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, const char*, Args... args) {
   run_grid(grid, threads, smem_bytes, [=] { kernel(args...); });
+}
+template <class... Params, class... Args>
+void launch_sm90_cluster(void (*kernel)(Params...), dim3 grid, int cluster_y, int threads, size_t smem_bytes,
+                         const char*, Args... args) {
+  run_grid(grid, threads, smem_bytes, [=] { kernel(args...); }, nullptr, cluster_y);
 }
 
 }  // namespace sm90
@@ -551,7 +606,7 @@ inline std::vector<float> product_e4m3(const float* in, A a_at, B b_at) {
 
 inline float e4m3_at_k_major(uint64_t d, int row, int k) {  // byte k of row `row`: 32 bytes per k32 step
   const uint32_t start = uint32_t(d & 0x3FFF) << 4, stride = uint32_t((d >> 32) & 0x3FFF) << 4;
-  return fp8::e4m3_value(smem_raw[swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k)]);
+  return fp8::e4m3_value(smem_here()[swizzle128(start + (row % 8) * 128 + (row / 8) * stride + k)]);
 }
 
 inline void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate_d) {
@@ -565,10 +620,10 @@ inline void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
 // A from registers: register x of lane (g, t) holds row g + 8 (x % 2), k = 16 (x / 2) + 4t + i in byte i.
 template <int N>
 inline void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate_d) {
-  for (int x = 0; x < 4; ++x) emu9::slots[threadIdx.x][x] = a[x];
+  for (int x = 0; x < 4; ++x) emu9::slots[emu9::current][x] = a[x];
   emu9::warp_sync();
   std::array<std::array<float, 32>, 16> A;  // rows 16 w .. 16 w + 15 of A, as seen by this warp
-  const int base = emu9::warp() * 32;
+  const int base = emu9::warp_base();
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int x = 0; x < 4; ++x)

@@ -73,6 +73,22 @@ void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_
   CHECK_LAUNCH();
 }
 
+// The same, the blocks grouped in thread block clusters of (1, cluster_y, 1): blocks (x, y, z) with the same x, z
+// and y / cluster_y form one cluster (grid.y a multiple of cluster_y), all resident at once on one GPC.
+template <class... Params, class... Args>
+void launch_sm90_cluster(void (*kernel)(Params...), dim3 grid, int cluster_y, int threads, size_t smem_bytes,
+                         const char* what, Args... args) {
+  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, what);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = unsigned(cluster_y), cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = dim3(unsigned(threads)), config.dynamicSmemBytes = smem_bytes;
+  config.attrs = &cluster, config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  CHECK_LAUNCH();
+}
+
 // ---- step 11 (FP8): the same launch with the scales of the quantised tensors (hopper/fp8.hpp) as one more
 // argument. ----
 template <class Tc>

@@ -16,16 +16,16 @@
 // 8 x 24 KiB at 64, 6 x 32 KiB at 128, 4 x 48 KiB at 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM.
 // The accumulators are not zeroed: each warpgroup's first wgmma overwrites them (scale-d = 0), because zeroing them
 // with ordinary instructions makes ptxas serialise every wgmma of the loop (its warning C7515).
-// Grid: (ceil(N / 128), splits, ceil(M / 256)): blockIdx.y takes a contiguous range of K tiles (split-K, summed as
-// flat_gemm.cu does: partials to the workspace, the last block of an output tile adds them in split order);
-// blockIdx.z a slab of 256 rows of X (M > 256: each slab reads W again).
+// Grid: (ceil(N / 128), splits, ceil(M / 256)): blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
+// pieces, summed as flat_cluster.cu does: the pieces of an output tile are one thread block cluster, each keeps its
+// partial tile in its shared memory, and each adds 1 / pieces of the tile's rows from all of them, in piece order,
+// through distributed shared memory); blockIdx.z a slab of 256 rows of X (M > 256: each slab reads W again).
 // Rows past N or M and k past K arrive as zeros from TMA (the box is clipped to the tensor); they are not stored.
 #include <stdexcept>
 #include <string>
 
-#include "async_ptx.cuh"  // atomic_add_acq_rel
+#include "cluster_ptx.cuh"  // the cluster barrier and distributed shared memory
 #include "gemm.cuh"
-#include "merge.cuh"      // merge_counters
 #include "hopper/tma_host.cuh"
 #include "hopper/wgmma.cuh"
 
@@ -41,7 +41,8 @@ constexpr int kThreads = kConsumerThreads + 128;     // + the producer warpgroup
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = the 384 x 168 the block starts with
 constexpr int kSlabRows = 256;                       // rows of X per block at most: wgmma's largest N
 constexpr int kStageBudget = 200 * 1024, kMaxStages = 8;
-constexpr int kEpilogueBarrier = 1;                  // a named barrier of the consumers (the producer may have left)
+constexpr int kEpilogueBarrier = 1;                  // a named barrier of the consumers
+constexpr int kMaxPieces = 4;                        // split-K pieces, one cluster: at most 4 blocks of 200 KiB
 constexpr int kTileStride = kTileN + 4;              // floats per row of the epilogue's tile in shared memory
 
 template <int Mp>
@@ -54,9 +55,8 @@ struct Layout {
   static_assert(size_t(Mp) * kTileStride * 4 <= size_t(stages) * stage_bytes, "the epilogue's tile fits the stages");
 };
 
-// Outputs n .. n + 3 of row m: of Y in fp16, of a split's fp32 partials (a workspace [M][N]), read back from one.
-// In one 8- or 16-byte access where N is a multiple of 4 (every piece then lies inside a row, aligned), else one by
-// one; outputs past N are neither stored nor loaded.
+// Outputs n .. n + 3 of row m of Y, in fp16: one 8-byte store where N is a multiple of 4 (every piece then lies
+// inside a row, aligned), else one by one; outputs past N are not stored.
 __device__ __forceinline__ void store_y(const Args& a, int m, int n, float4 v) {
   const __half h[4] = {__float2half_rn(v.x), __float2half_rn(v.y), __float2half_rn(v.z), __float2half_rn(v.w)};
   __half* y = a.y + size_t(m) * a.n + n;
@@ -65,28 +65,9 @@ __device__ __forceinline__ void store_y(const Args& a, int m, int n, float4 v) {
     for (int q = 0; q < 4; ++q)
       if (n + q < a.n) y[q] = h[q];
 }
-__device__ __forceinline__ void store_partial(const Args& a, float* ws, int m, int n, float4 v) {
-  float* p = ws + size_t(m) * a.n + n;
-  if (a.n % 4 == 0 && n < a.n) *reinterpret_cast<float4*>(p) = v;
-  else {
-    const float f[4] = {v.x, v.y, v.z, v.w};
-    for (int q = 0; q < 4; ++q)
-      if (n + q < a.n) p[q] = f[q];
-  }
-}
-__device__ __forceinline__ float4 load_partial(const Args& a, const float* ws, int m, int n) {  // ld.cg: see below
-  const float* p = ws + size_t(m) * a.n + n;
-  if (a.n % 4 == 0 && n < a.n) return __ldcg(reinterpret_cast<const float4*>(p));
-  float f[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int q = 0; q < 4; ++q)
-    if (n + q < a.n) f[q] = __ldcg(p + q);
-  return make_float4(f[0], f[1], f[2], f[3]);
-}
-
 template <int Mp>
 __global__ void __launch_bounds__(kThreads, 1)
-    flat_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x, Args a,
-                      int* done) {
+    flat_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x, Args a) {
   using L = Layout<Mp>;
   unsigned char* smem = smem_1024();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::stages * L::stage_bytes);  // [stages]: a stage's bytes landed
@@ -104,14 +85,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kConsumers) {  // the producer warpgroup
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x != kConsumerThreads) return;
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
-      const int i = kt - kt_begin, s = i % L::stages, round = i / L::stages;
-      mbar_wait(&empty[s], (round & 1) ^ 1);  // round r reuses stage s after the consumers' release r - 1
-      unsigned char* stage = smem + s * L::stage_bytes;
-      mbar_arrive_expect_tx(&full[s], L::stage_bytes);
-      tma_load_3d(stage, &tm_w, &full[s], kt * kTileK, n0, 0);
-      tma_load_3d(stage + L::w_bytes, &tm_x, &full[s], kt * kTileK, m0, 0);
+    if (threadIdx.x == kConsumerThreads)
+      for (int kt = kt_begin; kt < kt_end; ++kt) {
+        const int i = kt - kt_begin, s = i % L::stages, round = i / L::stages;
+        mbar_wait(&empty[s], (round & 1) ^ 1);  // round r reuses stage s after the consumers' release r - 1
+        unsigned char* stage = smem + s * L::stage_bytes;
+        mbar_arrive_expect_tx(&full[s], L::stage_bytes);
+        tma_load_3d(stage, &tm_w, &full[s], kt * kTileK, n0, 0);
+        tma_load_3d(stage + L::w_bytes, &tm_x, &full[s], kt * kTileK, m0, 0);
+      }
+    if (a.splits > 1) {  // the cluster barriers count every thread of the cluster: the producers take part
+      __syncwarp();
+      cluster_arrive(), cluster_wait();
+      cluster_arrive(), cluster_wait();
     }
     return;
   }
@@ -137,9 +123,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_operands(acc);
 
-  // The epilogue goes through shared memory, so that Y and the workspace are written in whole rows, 16 bytes a thread,
-  // instead of the accumulators' scattered 2- or 4-byte elements (a warp's store would touch 4 rows of 16 or 32
-  // bytes). The tile (Mp rows m x 128 outputs n, fp32; rows padded to kTileStride, so that the accumulators' stores
+  // The epilogue goes through shared memory, so that Y is written in whole rows, 8 bytes a thread, instead of the
+  // accumulators' scattered 2-byte elements (a warp's store would touch 4 rows of 16 bytes), and so that the pieces
+  // of a split K can add each other's tiles. The tile (Mp rows m x 128 outputs n, fp32; rows padded to kTileStride, so that the accumulators' stores
   // fall into 32 different banks) takes the place of the stages once both warpgroups' products are done.
   float* tile = reinterpret_cast<float*>(smem);
   named_bar_sync(kEpilogueBarrier, kConsumerThreads);  // the other warpgroup's last wgmma no longer reads the stages
@@ -157,28 +143,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = r0; r < rows; r += kRowStep) store_y(a, m0 + r, n, tile_at(r));
     return;
   }
-  // Split-K, as flat_gemm.cu: the partials out, the barrier, thread 0 counts the tile's splits (release and
-  // acquire), the last block adds every split's partials in split order (its own from shared memory).
-  const size_t elems = size_t(a.m) * a.n;
-  for (int r = r0; r < rows; r += kRowStep) store_partial(a, a.workspace + split * elems, m0 + r, n, tile_at(r));
-  static __shared__ int last;
-  named_bar_sync(kEpilogueBarrier, kConsumerThreads);
-  if (threadIdx.x == 0) {
-    int* count = done + blockIdx.z * gridDim.x + blockIdx.x;
-    last = atomic_add_acq_rel(count, 1) == a.splits - 1;
-    if (last) *count = 0;  // every split of this tile has counted: ready for the next launch
-  }
-  named_bar_sync(kEpilogueBarrier, kConsumerThreads);
-  if (!last) return;
-#pragma unroll 4
-  for (int r = r0; r < rows; r += kRowStep) {  // rows independent of each other: their loads overlap
+  // Split-K through the cluster (flat_cluster.cu's sum): the pieces' tiles are stored; the block of rank p adds rows
+  // p rows / splits .. of all of them, reading each peer's shared memory in piece order (the same sum, the same bits,
+  // whichever block does it), and stores them to Y.
+  cluster_arrive();
+  cluster_wait();  // every piece's tile stored: the peers' shared memory may be read
+  const int rank = int(cluster_rank());  // = split: the cluster is the tile's blockIdx.y = 0 .. splits - 1
+  const int r_end = (rank + 1) * rows / a.splits;
+  for (int r = rank * rows / a.splits + r0; r < r_end; r += kRowStep) {
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float* mine = tile + r * kTileStride + n - n0;
     for (int p = 0; p < a.splits; ++p) {
-      const float4 v = p == split ? tile_at(r) : load_partial(a, a.workspace + p * elems, m0 + r, n);
-      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+      const uint32_t at = cluster_map(mine, unsigned(p));
+      sum.x += cluster_load(at), sum.y += cluster_load(at + 4), sum.z += cluster_load(at + 8), sum.w += cluster_load(at + 12);
     }
     store_y(a, m0 + r, n, sum);
   }
+  cluster_arrive();
+  cluster_wait();  // no block leaves (its shared memory with it) while a peer may still read it
 }
 
 // The block's rows of X: M (up to a slab of 256) padded to the next of 16, 32, 64, 128, 256.
@@ -189,12 +171,13 @@ int padded_rows(int m) {
 }
 
 template <int Mp>
-void launch_rows(const Args& a, dim3 grid, int* done) {
+void launch_rows(const Args& a, dim3 grid) {
   const auto* w = reinterpret_cast<const fa::half_t*>(a.w);
   const auto* x = reinterpret_cast<const fa::half_t*>(a.x);
   const CUtensorMap tm_w = tensor_map(w, a.k, a.n, 1, kTileN);  // [N][K]: boxes of 128 rows x 64 k
   const CUtensorMap tm_x = tensor_map(x, a.k, a.m, 1, Mp);      // [M][K]: boxes of Mp rows x 64 k
-  launch_sm90(flat_wgmma_kernel<Mp>, grid, kThreads, Layout<Mp>::alloc, "flat_wgmma", tm_w, tm_x, a, done);
+  if (a.splits == 1) launch_sm90(flat_wgmma_kernel<Mp>, grid, kThreads, Layout<Mp>::alloc, "flat_wgmma", tm_w, tm_x, a);
+  else launch_sm90_cluster(flat_wgmma_kernel<Mp>, grid, a.splits, kThreads, Layout<Mp>::alloc, "flat_wgmma", tm_w, tm_x, a);
 }
 
 }  // namespace
@@ -214,25 +197,23 @@ void launch(const Args& a) {
   check_shape(a.m, a.n, a.k);
   if (!supported()) throw fa::NotOnThisGpu("flat_wgmma needs an sm_90 GPU (wgmma, TMA): this one is not");
   const int k_tiles = (a.k + kTileK - 1) / kTileK;
-  if (a.splits < 1 || a.splits > kMaxSplits || a.splits > k_tiles || (a.splits > 1 && !a.workspace))
+  if (a.splits < 1 || a.splits > kMaxPieces || a.splits > k_tiles)
     throw std::invalid_argument("flat_wgmma: splits " + std::to_string(a.splits) + " must be in 1 .. min(" +
-                                std::to_string(kMaxSplits) + ", K tiles " + std::to_string(k_tiles) +
-                                "), with a workspace when above 1");
+                                std::to_string(kMaxPieces) + ", K tiles " + std::to_string(k_tiles) + ")");
   const dim3 grid((a.n + kTileN - 1) / kTileN, a.splits, (a.m + kSlabRows - 1) / kSlabRows);
-  int* done = a.splits > 1 ? merge_counters(size_t(grid.x) * grid.z) : nullptr;
   switch (padded_rows(a.m)) {
-    case 16: return launch_rows<16>(a, grid, done);
-    case 32: return launch_rows<32>(a, grid, done);
-    case 64: return launch_rows<64>(a, grid, done);
-    case 128: return launch_rows<128>(a, grid, done);
-    default: return launch_rows<256>(a, grid, done);
+    case 16: return launch_rows<16>(a, grid);
+    case 32: return launch_rows<32>(a, grid);
+    case 64: return launch_rows<64>(a, grid);
+    case 128: return launch_rows<128>(a, grid);
+    default: return launch_rows<256>(a, grid);
   }
 }
 
-// One block an SM (its stages fill most of the shared memory): split-K over the SMs, in at most 2 pieces. More
-// pieces fill more SMs but cost more than they bring: the last block of a tile reads every other piece's partials
-// alone (its SM's own bandwidth, 0.5 MiB a piece at Mp = 256), after all the work (README §7; measured in
-// ../NOTEBOOK.md).
+// One block an SM (its stages fill most of the shared memory): split-K over the SMs (gemm.cuh's splits_for, every
+// block resident at once), in 1 or 2 pieces. 4 pieces would fill 128 SMs at N = 4096, but a cluster of 4 blocks of
+// 200 KiB needs 4 free SMs in one GPC, and on the H100 32 such clusters did not all fit at once: 4 pieces ran
+// 1.2-1.6x slower than 2 (README §7, ../NOTEBOOK.md §14).
 int splits(int m, int n, int k, int sms) {
   const long long blocks = (long long)((n + kTileN - 1) / kTileN) * ((m + kSlabRows - 1) / kSlabRows);
   return splits_for(blocks, (k + kTileK - 1) / kTileK, sms, sms, 2);

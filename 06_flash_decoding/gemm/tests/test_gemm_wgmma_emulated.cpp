@@ -1,31 +1,30 @@
 // flat_wgmma.cu's own source on the CPU, under chapter 05's emulation of the Hopper pieces (../../05_warp_split_q/
-// emu/emu_sm90.hpp): the producer warp and the two consumer warpgroups as cooperative threads, the mbarriers' phases
-// and transaction bytes, TMA boxes landing (swizzled, clipped to the tensor) only when their barrier is waited on, and
-// wgmma reading both operands through the kernel's descriptors, its product landing only at the wait that retires it.
+// emu/emu_sm90.hpp): the producer and the two consumer warpgroups as cooperative threads, the mbarriers' phases and
+// transaction bytes, TMA boxes landing (swizzled, clipped to the tensor) only when their barrier is waited on, wgmma
+// reading both operands through the kernel's descriptors, its product landing only at the wait that retires it, and
+// a split K's pieces run together as one cluster, each block with its own shared memory (NaN once it has exited).
 // A stage released before the wgmma that reads it is done, or a tile read before its barrier, gives a wrong result or
-// stops the test. Every padding of M (16 to 256 rows, and two slabs of 256), ragged N and K, 1 to 5 pieces of K,
-// checked against fp64 (check.hpp's rule), under both of the emulation's schedules.
+// stops the test. Every padding of M (16 to 256 rows, and two slabs of 256), ragged N and K, 1 to 4 pieces of K,
+// checked against fp64 (check.hpp's rule) and the pieces bit for bit against each other, under both of the
+// emulation's schedules.
 #include <cuda_fp16.h>  // __half on the host: gemm.cuh's Args
 
 #include "emu_sm90.hpp"
 
-// Chapter 06's pieces the kernel uses, for the CPU (one emulated block runs at a time, so a count is a plain add and
-// every other block's partials are in memory before the last block reads them).
-#define FDEC_ASYNC_PTX_CUH
+// Chapter 06's cluster PTX (steps/cluster_ptx.cuh), on the emulation's clusters: a peer's shared memory is addressed
+// as its block's rank (bits 20 and up) and the offset in the block's array.
+#define FDEC_CLUSTER_PTX_CUH
 namespace fdec {
-inline int atomic_add_acq_rel(int* p, int x) {
-  const int old = *p;
-  *p += x;
-  return old;
-}
-inline int* merge_counters(size_t n) {  // zeroed once, left at zero by every launch, as on the GPU
-  static std::vector<int> counters;
-  if (counters.size() < n) counters.assign(n, 0);
-  return counters.data();
+inline unsigned cluster_rank() { return emu9::cluster_rank(); }
+inline void cluster_arrive() { emu9::cluster_arrive(); }
+inline void cluster_wait() { emu9::cluster_wait(); }
+inline uint32_t cluster_map(const void* p, unsigned rank) { return rank << 20 | wsq::smem_addr(p); }
+inline float cluster_load(uint32_t addr) {
+  float v;
+  std::memcpy(&v, wsq::smem_of(int(addr >> 20)) + (addr & 0xFFFFF), 4);
+  return v;
 }
 }  // namespace fdec
-inline float __ldcg(const float* p) { return *p; }
-inline float4 __ldcg(const float4* p) { return *p; }
 namespace fa {  // device.cuh's, which the emulation does not include
 struct NotOnThisGpu : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -42,23 +41,22 @@ using namespace fdec::gemm;
 
 namespace {
 
-// One launch on h with `splits` pieces of K, Y and the workspace NaN-poisoned first, under `schedule`.
+// One launch on h with `splits` pieces of K, Y NaN-poisoned first, under `schedule`.
 std::vector<fa::half_t> run_y(const HostGemm& h, int splits, emu9::Schedule schedule) {
   emu9::schedule = schedule;
   std::vector<fa::half_t> y(size_t(h.m) * h.n, fa::half_t{0x7E00});  // NaN
-  std::vector<float> ws(std::max<size_t>(1, size_t(splits) * h.m * h.n), NAN);
   Args a;
   a.m = h.m, a.n = h.n, a.k = h.k;
   a.x = reinterpret_cast<const __half*>(h.x.data()), a.w = reinterpret_cast<const __half*>(h.w.data());
   a.y = reinterpret_cast<__half*>(y.data());
-  a.splits = splits, a.workspace = splits > 1 ? ws.data() : nullptr;
+  a.splits = splits;
   flat_wgmma::launch(a);
   return y;
 }
 
 }  // namespace
 
-TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1 to 5 pieces of K, vs fp64") {
+TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1 and 3 pieces of K, vs fp64") {
   for (emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
     for (int m : {1, 16, 17, 40, 64, 65, 128, 129, 200, 256, 257})
       for (int splits : {1, 3}) {
@@ -70,14 +68,19 @@ TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1
       }
 }
 
-TEST_CASE("06 gemm emulated: flat_wgmma's split-K, 2 and 5 pieces, launch after launch on the same counts") {
-  const HostGemm h = make_inputs(33, 136, 392, 7);  // 7 K tiles
-  for (int splits : {2, 5, 2}) {
-    INFO("splits ", splits);
-    const GemmError e = check_all(h, run_y(h, splits, emu9::Schedule::round_robin));
-    INFO(e.summary());
-    CHECK(e.ok());
-  }
+TEST_CASE("06 gemm emulated: flat_wgmma's split-K in a cluster, 2 and 4 pieces, the same bits in any order") {
+  for (int m : {5, 33, 130})
+    for (int splits : {2, 4}) {
+      const HostGemm h = make_inputs(m, 136, 392, 7 + m);  // 7 K tiles
+      INFO("M ", m, ", splits ", splits);
+      const std::vector<fa::half_t> y = run_y(h, splits, emu9::Schedule::round_robin);
+      const GemmError e = check_all(h, y);
+      INFO(e.summary());
+      CHECK(e.ok());
+      const std::vector<fa::half_t> other = run_y(h, splits, emu9::Schedule::lowest_first);  // blocks run otherwise
+      CHECK(std::memcmp(y.data(), other.data(), y.size() * sizeof(fa::half_t)) == 0);      // sums in piece order
+    }
+  CHECK_THROWS_AS(run_y(make_inputs(1, 64, 512, 1), 5, emu9::Schedule::round_robin), std::invalid_argument);
 }
 
 TEST_CASE("06 gemm: flat_wgmma's split-K on an H100 (132 SMs, one block an SM): at most 2 pieces") {
