@@ -2,18 +2,20 @@
 // kernel's registers: 17 to 256 rows (README.md §7). The flat GEMM's operand swap, Y^T = W X^T, kept: 64 rows of W
 // (64 outputs n) are the A operand, the M rows of X (padded to Mp = 16, 32, 64, 128 or 256) the B operand, so that
 // one wgmma.m64nMpk16 multiplies them all and each weight is read from HBM once. What changes is the machinery around
-// the product (chapter 05's steps 9-10, hopper/): a producer warp copies tiles of W and X into a ring of shared-memory
+// the product (chapter 05's steps 9-10, hopper/): a producer copies tiles of W and X into a ring of shared-memory
 // stages with TMA, the consumers' wgmma read both operands from there, and mbarriers pass each stage between them.
 // The bytes of W in flight are the stages' (96-192 KiB an SM), not registers, and the tensor cores read X from
 // shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
 // Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255) own outputs n0 + 64 wg .. + 63; producer warpgroup
 // 2 (thread 256 issues) fills the stages. As in chapter 05's step 10, the producer gives its registers to the
-// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each. A stage is a K tile of 64: W's rows n0 .. n0 + 127 and X's rows
-// m0 .. m0 + Mp - 1, 128 bytes each (one 128-byte-swizzled panel, as TMA writes it).
+// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each. A stage is a K tile of
+// 64: W's rows n0 .. n0 + 127 and X's rows m0 .. m0 + Mp - 1, 128 bytes each (one 128-byte-swizzled panel, as TMA
+// writes it).
 // Accumulators: Y^T's 64 x Mp tile of a warpgroup, Mp / 2 fp32 a thread (128 at Mp = 256): register 4j + e of lane
 // (g, t) of warp w holds n = 16 w + g + 8 (e / 2), m = 8 j + 2 t + e % 2.
 // Shared memory: stages x (128 + Mp) x 128 bytes, as many stages as fit 200 KiB (up to 8): 8 x 18 KiB at Mp = 16,
 // 8 x 24 KiB at 64, 6 x 32 KiB at 128, 4 x 48 KiB at 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM.
+// After the loop the same space holds the block's Mp x 128 fp32 tile for the epilogue (at most 132 KiB).
 // The accumulators are not zeroed: each warpgroup's first wgmma overwrites them (scale-d = 0), because zeroing them
 // with ordinary instructions makes ptxas serialise every wgmma of the loop (its warning C7515).
 // Grid: (ceil(N / 128), splits, ceil(M / 256)): blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
