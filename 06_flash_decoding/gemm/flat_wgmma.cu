@@ -2,25 +2,29 @@
 // kernel's registers: 17 to 256 rows (README.md §7). The flat GEMM's operand swap, Y^T = W X^T, kept: 64 rows of W
 // (64 outputs n) are the A operand, the M rows of X (padded to Mp = 16, 32, 64, 128 or 256) the B operand, so that
 // one wgmma.m64nMpk16 multiplies them all and each weight is read from HBM once. What changes is the machinery around
-// the product (chapter 05's steps 9-10, hopper/): a producer warp copies tiles of W and X into a ring of shared-memory
+// the product (chapter 05's steps 9-10, hopper/): a producer copies tiles of W and X into a ring of shared-memory
 // stages with TMA, the consumers' wgmma read both operands from there, and mbarriers pass each stage between them.
 // The bytes of W in flight are the stages' (96-192 KiB an SM), not registers, and the tensor cores read X from
 // shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
 // Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255) own outputs n0 + 64 wg .. + 63; producer warpgroup
 // 2 (thread 256 issues) fills the stages. As in chapter 05's step 10, the producer gives its registers to the
-// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each. A stage is a K tile of 64: W's rows n0 .. n0 + 127 and X's rows
-// m0 .. m0 + Mp - 1, 128 bytes each (one 128-byte-swizzled panel, as TMA writes it).
+// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each. A stage is a K tile of
+// 64: W's rows n0 .. n0 + 127 and X's rows m0 .. m0 + Mp - 1, 128 bytes each (one 128-byte-swizzled panel, as TMA
+// writes it).
 // Accumulators: Y^T's 64 x Mp tile of a warpgroup, Mp / 2 fp32 a thread (128 at Mp = 256): register 4j + e of lane
 // (g, t) of warp w holds n = 16 w + g + 8 (e / 2), m = 8 j + 2 t + e % 2.
 // Shared memory: stages x (128 + Mp) x 128 bytes, as many stages as fit 200 KiB (up to 8): 8 x 18 KiB at Mp = 16,
 // 8 x 24 KiB at 64, 6 x 32 KiB at 128, 4 x 48 KiB at 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM.
+// After the loop the same space holds the block's Mp x 128 fp32 tile for the epilogue (at most 132 KiB).
 // The accumulators are not zeroed: each warpgroup's first wgmma overwrites them (scale-d = 0), because zeroing them
 // with ordinary instructions makes ptxas serialise every wgmma of the loop (its warning C7515).
-// Grid: (ceil(N / 128), splits, ceil(M / 256)): blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
+// Grid: (ceil(N / 128), splits, slabs): blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
 // pieces, summed as flat_cluster.cu does: the pieces of an output tile are one thread block cluster, each keeps its
 // partial tile in its shared memory, and each adds 1 / pieces of the tile's rows from all of them, in piece order,
-// through distributed shared memory); blockIdx.z a slab of 256 rows of X (M > 256: each slab reads W again).
+// through distributed shared memory); blockIdx.z a slab of rows of X (slab_rows: 256, or 128 where the N tiles
+// leave half the SMs idle; each slab reads W again, mostly from L2 when the slabs run at the same time).
 // Rows past N or M and k past K arrive as zeros from TMA (the box is clipped to the tensor); they are not stored.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -39,7 +43,7 @@ constexpr int kTileK = kPanelCols;                   // k per stage: one 128-byt
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr int kThreads = kConsumerThreads + 128;     // + the producer warpgroup
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = the 384 x 168 the block starts with
-constexpr int kSlabRows = 256;                       // rows of X per block at most: wgmma's largest N
+constexpr int kMaxRows = 256;                        // rows of X per block at most: wgmma's largest N
 constexpr int kStageBudget = 200 * 1024, kMaxStages = 8;
 constexpr int kEpilogueBarrier = 1;                  // a named barrier of the consumers
 constexpr int kMaxPieces = 4;                        // split-K pieces, one cluster: at most 4 blocks of 200 KiB
@@ -72,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = smem_1024();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::stages * L::stage_bytes);  // [stages]: a stage's bytes landed
   uint64_t* empty = full + L::stages;                                                 // [stages]: the consumers are done
-  const int n0 = blockIdx.x * kTileN, split = blockIdx.y, m0 = blockIdx.z * kSlabRows;
+  const int n0 = blockIdx.x * kTileN, split = blockIdx.y, m0 = blockIdx.z * Mp;  // several slabs: Mp rows each
   const int k_tiles = (a.k + kTileK - 1) / kTileK;
   const int kt_begin = split * k_tiles / a.splits, kt_end = (split + 1) * k_tiles / a.splits;
   const int wg = threadIdx.x / 128;
@@ -163,10 +167,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   cluster_wait();  // no block leaves (its shared memory with it) while a peer may still read it
 }
 
-// The block's rows of X: M (up to a slab of 256) padded to the next of 16, 32, 64, 128, 256.
+// Rows of X a block multiplies: all of M up to 256; or, above 128 rows, slabs of 128 where two slabs a tile still fit
+// the SMs (N <= 66 tiles of 128 on an H100), so that twice as many blocks share the tensor work (at N = 4096 and
+// M = 256, 64 blocks of 128 x 256 outputs left half the SMs idle: README §9).
+int slab_rows(int m, int n, int sms) { return m > 128 && 2 * ((n + kTileN - 1) / kTileN) <= sms ? 128 : kMaxRows; }
+// A slab's rows padded to the next of 16, 32, 64, 128, 256: wgmma's N.
 int padded_rows(int m) {
   int mp = 16;
-  while (mp < kSlabRows && mp < m) mp *= 2;
+  while (mp < kMaxRows && mp < m) mp *= 2;
   return mp;
 }
 
@@ -183,6 +191,7 @@ void launch_rows(const Args& a, dim3 grid) {
 }  // namespace
 
 #ifdef __CUDACC__
+int sm_count() { return fa::device_props().multiProcessorCount; }
 bool supported() {  // sm_90a code runs on compute capability 9.0 alone
   int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, fa::current_device()));
@@ -190,7 +199,8 @@ bool supported() {  // sm_90a code runs on compute capability 9.0 alone
   return major == 9 && minor == 0;
 }
 #else
-bool supported() { return true; }  // the CPU emulation (tests/test_gemm_wgmma_emulated.cpp)
+int sm_count() { return 132; }     // the CPU emulation (tests/test_gemm_wgmma_emulated.cpp): an H100's
+bool supported() { return true; }
 #endif
 
 void launch(const Args& a) {
@@ -200,8 +210,9 @@ void launch(const Args& a) {
   if (a.splits < 1 || a.splits > kMaxPieces || a.splits > k_tiles)
     throw std::invalid_argument("flat_wgmma: splits " + std::to_string(a.splits) + " must be in 1 .. min(" +
                                 std::to_string(kMaxPieces) + ", K tiles " + std::to_string(k_tiles) + ")");
-  const dim3 grid((a.n + kTileN - 1) / kTileN, a.splits, (a.m + kSlabRows - 1) / kSlabRows);
-  switch (padded_rows(a.m)) {
+  const int slab = slab_rows(a.m, a.n, sm_count());
+  const dim3 grid((a.n + kTileN - 1) / kTileN, a.splits, (a.m + slab - 1) / slab);
+  switch (padded_rows(std::min(a.m, slab))) {
     case 16: return launch_rows<16>(a, grid);
     case 32: return launch_rows<32>(a, grid);
     case 64: return launch_rows<64>(a, grid);
@@ -215,7 +226,8 @@ void launch(const Args& a) {
 // 200 KiB needs 4 free SMs in one GPC, and on the H100 32 such clusters did not all fit at once: 4 pieces ran
 // 1.2-1.6x slower than 2 (README §7, ../NOTEBOOK.md §14).
 int splits(int m, int n, int k, int sms) {
-  const long long blocks = (long long)((n + kTileN - 1) / kTileN) * ((m + kSlabRows - 1) / kSlabRows);
+  const int slab = slab_rows(m, n, sms);
+  const long long blocks = (long long)((n + kTileN - 1) / kTileN) * ((m + slab - 1) / slab);
   return splits_for(blocks, (k + kTileK - 1) / kTileK, sms, sms, 2);
 }
 

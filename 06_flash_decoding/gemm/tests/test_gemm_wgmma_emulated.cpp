@@ -68,6 +68,16 @@ TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1
       }
 }
 
+TEST_CASE("06 gemm emulated: flat_wgmma with slabs of 256 rows (N of 67 tiles: two slabs a tile would not fit)") {
+  for (int m : {200, 300}) {  // one slab of 256; a slab of 256 and one of 44
+    const HostGemm h = make_inputs(m, 8520, 72, 90 + m);  // 67 N tiles, the last 72 wide; two K tiles, the last 8 wide
+    INFO("M ", m);
+    const GemmError e = check_all(h, run_y(h, 1, emu9::Schedule::round_robin));
+    INFO(e.summary());
+    CHECK(e.ok());
+  }
+}
+
 TEST_CASE("06 gemm emulated: flat_wgmma's split-K in a cluster, 2 and 4 pieces, the same bits in any order") {
   for (int m : {5, 33, 130})
     for (int splits : {2, 4}) {
@@ -88,6 +98,8 @@ TEST_CASE("06 gemm: flat_wgmma's split-K on an H100 (132 SMs, one block an SM): 
   CHECK(flat_wgmma::splits(64, 4096, 11008, 132) == 2);
   CHECK(flat_wgmma::splits(64, 12288, 4096, 132) == 1);   // 96 tiles; 192 would not all be resident
   CHECK(flat_wgmma::splits(64, 11008, 4096, 132) == 1);   // 86
-  CHECK(flat_wgmma::splits(300, 4096, 4096, 132) == 2);   // two slabs: 64 blocks; 128 (0.97)
+  CHECK(flat_wgmma::splits(256, 4096, 4096, 132) == 2);   // two slabs of 128 rows: 64 blocks; 128 (0.97)
+  CHECK(flat_wgmma::splits(300, 4096, 4096, 132) == 1);   // three slabs: 96 blocks; 192 would not all be resident
+  CHECK(flat_wgmma::splits(256, 12288, 4096, 132) == 1);  // 96 tiles: one slab of 256 rows (two would not fit)
   CHECK(flat_wgmma::splits(1, 64, 64, 132) == 1);         // no more pieces than K tiles
 }
