@@ -4,7 +4,7 @@
 // one wgmma.m64nMpk16 multiplies them all and each weight is read from HBM once. What changes is the machinery around
 // the product (chapter 05's steps 9-10, hopper/): a producer copies tiles of W and X into a ring of shared-memory
 // stages with TMA, the consumers' wgmma read both operands from there, and mbarriers pass each stage between them.
-// The bytes of W in flight are the stages' (96-192 KiB an SM), not registers, and the tensor cores read X from
+// The bytes in flight are the stages' (144-192 KiB of W and X an SM), not registers, and the tensor cores read X from
 // shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
 // Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255) own outputs n0 + 64 wg .. + 63; producer warpgroup
 // 2 (thread 256 issues) fills the stages. As in chapter 05's step 10, the producer gives its registers to the
