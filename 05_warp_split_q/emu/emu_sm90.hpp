@@ -348,8 +348,8 @@ inline void wgmma_fence() {}
 template <int N>
 inline void fence_operands(float (&)[N]) {}
 
-// Everything that reads the shared memory is internal to the translation unit, as smem_raw is: each step's file is compiled
-// with its own copy of this header, and one file's wgmma must never read another file's shared memory.
+// Everything that reads the shared memory is internal to the translation unit, as smem_raw is: each step's file is
+// compiled with its own copy of this header, and one file's wgmma must never read another file's shared memory.
 namespace {
 
 // The 16-bit value at a descriptor's element, the canonical layouts of the PTX ISA (128-byte swizzle).
@@ -363,7 +363,8 @@ inline uint16_t at_mn_major(uint64_t d, int k, int n) {
   const uint32_t start = uint32_t(d & 0x3FFF) << 4, leading = uint32_t((d >> 16) & 0x3FFF) << 4,
                  stride = uint32_t((d >> 32) & 0x3FFF) << 4;
   uint16_t x;
-  std::memcpy(&x, smem_here() + swizzle128(start + (n % 64) * 2 + (n / 64) * leading + (k % 8) * 128 + (k / 8) * stride), 2);
+  const uint32_t at = start + (n % 64) * 2 + (n / 64) * leading + (k % 8) * 128 + (k / 8) * stride;
+  std::memcpy(&x, smem_here() + swizzle128(at), 2);
   return x;
 }
 

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = Layout<Mp>;
   unsigned char* smem = smem_1024();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::stages * L::stage_bytes);  // [stages]: a stage's bytes landed
-  uint64_t* empty = full + L::stages;                                                 // [stages]: the consumers are done
+  uint64_t* empty = full + L::stages;  // [stages]: the consumers are done with a stage
   const int n0 = blockIdx.x * kTileN, split = blockIdx.y, m0 = blockIdx.z * Mp;  // several slabs: Mp rows each
   const int k_tiles = (a.k + kTileK - 1) / kTileK;
   const int kt_begin = split * k_tiles / a.splits, kt_end = (split + 1) * k_tiles / a.splits;
@@ -129,8 +129,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The epilogue goes through shared memory, so that Y is written in whole rows, 8 bytes a thread, instead of the
   // accumulators' scattered 2-byte elements (a warp's store would touch 4 rows of 16 bytes), and so that the pieces
-  // of a split K can add each other's tiles. The tile (Mp rows m x 128 outputs n, fp32; rows padded to kTileStride, so that the accumulators' stores
-  // fall into 32 different banks) takes the place of the stages once both warpgroups' products are done.
+  // of a split K can add each other's tiles. The tile (Mp rows m x 128 outputs n, fp32; rows padded to kTileStride,
+  // so that the accumulators' stores fall into 32 different banks) takes the place of the stages once both
+  // warpgroups' products are done.
   float* tile = reinterpret_cast<float*>(smem);
   named_bar_sync(kEpilogueBarrier, kConsumerThreads);  // the other warpgroup's last wgmma no longer reads the stages
 #pragma unroll
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* mine = tile + r * kTileStride + n - n0;
     for (int p = 0; p < a.splits; ++p) {
       const uint32_t at = cluster_map(mine, unsigned(p));
-      sum.x += cluster_load(at), sum.y += cluster_load(at + 4), sum.z += cluster_load(at + 8), sum.w += cluster_load(at + 12);
+      sum.x += cluster_load(at), sum.y += cluster_load(at + 4);
+      sum.z += cluster_load(at + 8), sum.w += cluster_load(at + 12);
     }
     store_y(a, m0 + r, n, sum);
   }
@@ -184,8 +186,9 @@ void launch_rows(const Args& a, dim3 grid) {
   const auto* x = reinterpret_cast<const fa::half_t*>(a.x);
   const CUtensorMap tm_w = tensor_map(w, a.k, a.n, 1, kTileN);  // [N][K]: boxes of 128 rows x 64 k
   const CUtensorMap tm_x = tensor_map(x, a.k, a.m, 1, Mp);      // [M][K]: boxes of Mp rows x 64 k
-  if (a.splits == 1) launch_sm90(flat_wgmma_kernel<Mp>, grid, kThreads, Layout<Mp>::alloc, "flat_wgmma", tm_w, tm_x, a);
-  else launch_sm90_cluster(flat_wgmma_kernel<Mp>, grid, a.splits, kThreads, Layout<Mp>::alloc, "flat_wgmma", tm_w, tm_x, a);
+  constexpr size_t kBytes = Layout<Mp>::alloc;
+  if (a.splits == 1) launch_sm90(flat_wgmma_kernel<Mp>, grid, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
+  else launch_sm90_cluster(flat_wgmma_kernel<Mp>, grid, a.splits, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
 }
 
 }  // namespace

@@ -134,7 +134,8 @@ inline const std::vector<Kernel>& kernels() {
       {"flat_cluster", "flat, its split-K summed in a thread block cluster through distributed shared memory (sm_90)",
        Path::flat, flat_cluster::launch, flat_cluster_splits},
 #ifdef FDEC_GEMM_HOPPER
-      {"flat_wgmma", "Y^T = W X^T with M up to 256 as wgmma's N, W and X through a TMA ring of stages, split-K in a cluster (sm_90a)",
+      {"flat_wgmma",
+       "Y^T = W X^T with M up to 256 as wgmma's N, W and X through a TMA ring of stages, split-K in a cluster (sm_90a)",
        Path::tile, flat_wgmma::launch, flat_wgmma::splits},
 #endif
   };

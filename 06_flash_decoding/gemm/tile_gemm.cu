@@ -1,5 +1,6 @@
-// tile: Y[M, N] = X[M, K] W^T on tensor cores with a conventional block tile, for large M (README.md §2, §8): the GEMM a
-// library runs for a prefill or a large batch, here the baseline the dispatcher moves to once M stops being flat.
+// tile: Y[M, N] = X[M, K] W^T on tensor cores with a conventional block tile, for large M (README.md §2, §8): the GEMM
+// a library runs for a prefill or a large batch, here what the dispatcher moves to once M stops being flat on a GPU
+// without wgmma (on sm_90 the tile path runs flat_wgmma.cu, README §7).
 // Block tile: 64 rows of Y (m) x 64 columns (n); 128 threads = 4 warps in a 2 x 2 grid, warp (wm, wn) = (w / 2, w % 2)
 // computing the 32 x 32 sub-tile rows 32 wm .., columns 32 wn ..: 2 m-tiles x 4 n-tiles of mma.m16n8k16, 32 fp32
 // accumulators per lane. A (16 x 16 of X, [m][k]) by ldmatrix.x4; B (16 x 8 of W^T, stored [n][k] as W is) by

@@ -60,7 +60,7 @@ TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1
   for (emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
     for (int m : {1, 16, 17, 40, 64, 65, 128, 129, 200, 256, 257})
       for (int splits : {1, 3}) {
-        const HostGemm h = make_inputs(m, 200, 648, 40 + m);  // N: a tile of 128 and one of 72; K: 11 tiles, the last 8 wide
+        const HostGemm h = make_inputs(m, 200, 648, 40 + m);  // N: tiles of 128 and 72; K: 11 tiles, the last 8 wide
         INFO("M ", m, ", splits ", splits, ", ", emu9::schedule_name(schedule), " schedule");
         const GemmError e = check_all(h, run_y(h, splits, schedule));
         INFO(e.summary());
