@@ -44,12 +44,11 @@ inline void check_shape(int m, int n, int k) {
                          ": the kernels read rows of X and W in 16-byte pieces (pad K to a multiple of 8)");
 }
 
-// Split-K: how many pieces of K a kernel's grid of `blocks` blocks (before split-K) is cut into: 1, 2 or 4 (at most
-// `most`),
-// whichever spreads the blocks over the SMs most evenly (the last round of blocks the fullest; on a tie the more
-// pieces, more loads in flight), among those that keep every block resident at once (`slots`: the blocks the GPU
-// holds at once), at least one K tile (of `k_tiles`) a piece. A round of blocks that leaves SMs idle streams W with
-// fewer loads in flight than the GPU could keep.
+// Split-K: how many pieces of K a kernel's grid of `blocks` blocks (before split-K) is cut into: 1, 2 or 4 (at
+// most `most`), whichever spreads the blocks over the SMs most evenly (the last round of blocks the fullest; on a tie
+// the more pieces, more loads in flight), among those that keep every block resident at once (`slots`: the blocks
+// the GPU holds at once), at least one K tile (of `k_tiles`) a piece. A round of blocks that leaves SMs idle streams
+// W with fewer loads in flight than the GPU could keep.
 constexpr int kFlatPieces = 4;   // splits_for's most pieces by default (a launch accepts up to kMaxSplits)
 inline int splits_for(long long blocks, int k_tiles, int sms, int slots, int most = kFlatPieces) {
   int best = 1;
@@ -80,7 +79,6 @@ inline int flat_splits(int m, int n, int k, int sms, int slots) {
   const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kFlatSlabRows - 1) / kFlatSlabRows);
   return splits_for(blocks, (k + kFlatTileK - 1) / kFlatTileK, sms, slots);
 }
-inline size_t workspace_floats(const Args& a) { return a.splits > 1 ? size_t(a.splits) * a.m * a.n : 0; }
 
 // The kernels' host functions (one per file; each launches through steps/ready.cuh's launch_kernel, so that the
 // emulation of 06's tests/emu/emu.hpp runs the same source on the CPU; flat_wgmma through chapter 05's
