@@ -37,26 +37,44 @@ namespace fdec::gemm::flat_wgmma {
 namespace {
 
 using namespace wsq::sm90;
-constexpr int kConsumers = 2;                        // consumer warpgroups, 64 outputs n each (wgmma's M = 64)
-constexpr int kTileN = 64 * kConsumers;              // outputs n per block
-constexpr int kTileK = kPanelCols;                   // k per stage: one 128-byte row of W and of X
+constexpr int kConsumers = 2;                        // consumer warpgroups (wgmma's M = 64 outputs n each)
+constexpr int kTileN = 64 * kConsumers;              // outputs n per block: each warpgroup its own 64 ...
+constexpr int kNarrowTileN = 64;                     // ... or both the same 64, each half of every stage's k
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr int kThreads = kConsumerThreads + 128;     // + the producer warpgroup
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = the 384 x 168 the block starts with
 constexpr int kMaxRows = 256;                        // rows of X per block at most: wgmma's largest N
-constexpr int kStageBudget = 200 * 1024, kMaxStages = 8;
+constexpr int kStageBudget = 200 * 1024, kMaxStages = 8, kMinStages = 4;
+constexpr int kMinPieceK = 4096;                     // split-K only into pieces of at least this many k
 constexpr int kEpilogueBarrier = 1;                  // a named barrier of the consumers
 constexpr int kMaxPieces = 4;                        // split-K pieces, one cluster: at most 4 blocks of 200 KiB
-constexpr int kTileStride = kTileN + 4;              // floats per row of the epilogue's tile in shared memory
 
-template <int Mp>
+// Stages of `panels` 128-byte panels of k (64 k each) of TileN rows of W and Mp rows of X, as many as fit the budget.
+constexpr int stages_of(int mp, int tile_n, int panels) {
+  const int stage_bytes = panels * (tile_n + mp) * kRowBytes;
+  return kStageBudget / stage_bytes < kMaxStages ? kStageBudget / stage_bytes : kMaxStages;
+}
+// Panels a stage: the most of 4, 2, 1 that leave at least kMinStages stages, and 1 where X is most of a stage
+// (Mp > TileN). Larger stages read each row of W in runs of 256 or 512 bytes instead of 128 and pass fewer
+// barriers; the exception is measured, not derived (../NOTEBOOK.md §14: 7% slower with 2 at Mp = 128, TileN = 64).
+constexpr int panels_of(int mp, int tile_n) {
+  if (mp > tile_n) return 1;
+  return stages_of(mp, tile_n, 4) >= kMinStages ? 4 : stages_of(mp, tile_n, 2) >= kMinStages ? 2 : 1;
+}
+
+template <int Mp, int TileN, int Panels = panels_of(Mp, TileN)>
 struct Layout {
-  static constexpr uint32_t w_bytes = kTileN * kRowBytes, x_bytes = Mp * kRowBytes;
+  static constexpr int tile_k = Panels * kPanelCols, steps_k = tile_k / 16;  // k, and wgmma k16 steps, a stage
+  static constexpr bool halves = TileN == kNarrowTileN;  // the warpgroups split each stage's k: two partial tiles
+  static constexpr int tile_stride = TileN + 4;          // floats per row of the epilogue's tile in shared memory
+  static constexpr size_t part_floats = size_t(Mp) * tile_stride;  // one warpgroup's partial tile (halves)
+  static constexpr uint32_t w_panel = TileN * kRowBytes, x_panel = Mp * kRowBytes;
+  static constexpr uint32_t w_bytes = Panels * w_panel, x_bytes = Panels * x_panel;
   static constexpr uint32_t stage_bytes = w_bytes + x_bytes;  // a multiple of 1024: every tile starts on an atom
-  static constexpr int stages = kStageBudget / stage_bytes < kMaxStages ? kStageBudget / stage_bytes : kMaxStages;
+  static constexpr int stages = stages_of(Mp, TileN, Panels);
   static constexpr size_t bytes = size_t(stages) * stage_bytes + 2 * stages * sizeof(uint64_t);
   static constexpr size_t alloc = bytes + kAtomBytes;  // slack to round the dynamic base up to 1024 bytes
-  static_assert(size_t(Mp) * kTileStride * 4 <= size_t(stages) * stage_bytes, "the epilogue's tile fits the stages");
+  static_assert(part_floats * (halves ? 2 : 1) * 4 <= size_t(stages) * stage_bytes, "the epilogue's tile fits");
 };
 
 // Outputs n .. n + 3 of row m of Y, in fp16: one 8-byte store where N is a multiple of 4 (every piece then lies
@@ -69,15 +87,15 @@ __device__ __forceinline__ void store_y(const Args& a, int m, int n, float4 v) {
     for (int q = 0; q < 4; ++q)
       if (n + q < a.n) y[q] = h[q];
 }
-template <int Mp>
+template <int Mp, int TileN, int Panels = panels_of(Mp, TileN)>
 __global__ void __launch_bounds__(kThreads, 1)
     flat_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x, Args a) {
-  using L = Layout<Mp>;
+  using L = Layout<Mp, TileN, Panels>;
   unsigned char* smem = smem_1024();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::stages * L::stage_bytes);  // [stages]: a stage's bytes landed
   uint64_t* empty = full + L::stages;  // [stages]: the consumers are done with a stage
-  const int n0 = blockIdx.x * kTileN, split = blockIdx.y, m0 = blockIdx.z * Mp;  // several slabs: Mp rows each
-  const int k_tiles = (a.k + kTileK - 1) / kTileK;
+  const int n0 = blockIdx.x * TileN, split = blockIdx.y, m0 = blockIdx.z * Mp;  // several slabs: Mp rows each
+  const int k_tiles = (a.k + L::tile_k - 1) / L::tile_k;
   const int kt_begin = split * k_tiles / a.splits, kt_end = (split + 1) * k_tiles / a.splits;
   const int wg = threadIdx.x / 128;
 
@@ -95,8 +113,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&empty[s], (round & 1) ^ 1);  // round r reuses stage s after the consumers' release r - 1
         unsigned char* stage = smem + s * L::stage_bytes;
         mbar_arrive_expect_tx(&full[s], L::stage_bytes);
-        tma_load_3d(stage, &tm_w, &full[s], kt * kTileK, n0, 0);
-        tma_load_3d(stage + L::w_bytes, &tm_x, &full[s], kt * kTileK, m0, 0);
+        for (int p = 0; p < Panels; ++p) {
+          const int k0 = kt * L::tile_k + p * kPanelCols;
+          tma_load_3d(stage + p * L::w_panel, &tm_w, &full[s], k0, n0, 0);
+          tma_load_3d(stage + L::w_bytes + p * L::x_panel, &tm_x, &full[s], k0, m0, 0);
+        }
       }
     if (a.splits > 1) {  // the cluster barriers count every thread of the cluster: the producers take part
       __syncwarp();
@@ -112,13 +133,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const int i = kt - kt_begin, s = i % L::stages;
     mbar_wait(&full[s], (i / L::stages) & 1);
-    const unsigned char* w_s = smem + s * L::stage_bytes + wg * 64 * kRowBytes;  // this warpgroup's 64 rows of W
+    // This warpgroup's 64 rows of W and its k16 steps: rows 64 wg .. and every step, or (halves) the block's 64
+    // rows and steps 2 wg, 2 wg + 1.
+    const unsigned char* w_s = smem + s * L::stage_bytes + (L::halves ? 0 : wg * 64 * kRowBytes);
     const unsigned char* x_s = smem + s * L::stage_bytes + L::w_bytes;
+    constexpr int kSteps = L::halves ? L::steps_k / kConsumers : L::steps_k;
+    const int kk0 = L::halves ? wg * kSteps : 0;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk)
-      wgmma_ss_f16<Mp>(acc, desc_k_major(w_s + k_major_step(kk, kTileN)), desc_k_major(x_s + k_major_step(kk, Mp)),
-                       i > 0 || kk > 0);
+    for (int kk = 0; kk < kSteps; ++kk)
+      wgmma_ss_f16<Mp>(acc, desc_k_major(w_s + k_major_step(kk0 + kk, TileN)),
+                       desc_k_major(x_s + k_major_step(kk0 + kk, Mp)), i > 0 || kk > 0);
     wgmma_commit();
     wgmma_wait<1>();  // the previous stage's products are done (this one's may still run): release that stage
     fence_operands(acc);
@@ -129,23 +154,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The epilogue goes through shared memory, so that Y is written in whole rows, 8 bytes a thread, instead of the
   // accumulators' scattered 2-byte elements (a warp's store would touch 4 rows of 16 bytes), and so that the pieces
-  // of a split K can add each other's tiles. The tile (Mp rows m x 128 outputs n, fp32; rows padded to kTileStride,
-  // so that the accumulators' stores fall into 32 different banks) takes the place of the stages once both
-  // warpgroups' products are done.
+  // of a split K can add each other's tiles. The tile (Mp rows m x TileN outputs n, fp32; rows padded to
+  // tile_stride, so that the accumulators' stores fall into 32 different banks) takes the place of the stages once
+  // both warpgroups' products are done. With halves, each warpgroup stores its own partial tile, and a row of the
+  // block's tile is the sum of the two.
   float* tile = reinterpret_cast<float*>(smem);
   named_bar_sync(kEpilogueBarrier, kConsumerThreads);  // the other warpgroup's last wgmma no longer reads the stages
+  float* part = tile + (L::halves ? wg * L::part_floats : 0);
+  const int col = (L::halves ? 0 : 64 * wg) + 16 * warp + g;
 #pragma unroll
   for (int j = 0; j < Mp / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      tile[(8 * j + 2 * t + e % 2) * kTileStride + 64 * wg + 16 * warp + g + 8 * (e / 2)] = acc[4 * j + e];
+    for (int e = 0; e < 4; ++e) part[(8 * j + 2 * t + e % 2) * L::tile_stride + col + 8 * (e / 2)] = acc[4 * j + e];
   named_bar_sync(kEpilogueBarrier, kConsumerThreads);
-  // Thread i takes outputs n0 + 4 (i % 32) .. + 3 of rows i / 32, + 8, + 16, ... of the tile.
-  const int rows = min(Mp, a.m - m0), n = n0 + 4 * (threadIdx.x % 32), r0 = threadIdx.x / 32;
-  constexpr int kRowStep = kConsumerThreads / 32;
-  auto tile_at = [&](int r) { return *reinterpret_cast<const float4*>(tile + r * kTileStride + n - n0); };
+  // Thread i takes outputs n0 + 4 (i % lanes) .. + 3 of rows i / lanes, + row_step, ... of the tile (lanes: the
+  // threads of a row, TileN / 4).
+  constexpr int kLanes = TileN / 4, kRowStep = kConsumerThreads / kLanes;
+  const int rows = min(Mp, a.m - m0), c = 4 * (threadIdx.x % kLanes), n = n0 + c, r0 = threadIdx.x / kLanes;
+  auto add = [](float4& s, float4 v) { s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w; };
   if (a.splits == 1) {
-    for (int r = r0; r < rows; r += kRowStep) store_y(a, m0 + r, n, tile_at(r));
+    for (int r = r0; r < rows; r += kRowStep) {
+      float4 v = *reinterpret_cast<const float4*>(tile + r * L::tile_stride + c);
+      if (L::halves) add(v, *reinterpret_cast<const float4*>(tile + L::part_floats + r * L::tile_stride + c));
+      store_y(a, m0 + r, n, v);
+    }
     return;
   }
   // Split-K through the cluster (flat_cluster.cu's sum): the pieces' tiles are stored; the block of rank p adds rows
@@ -157,22 +189,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r_end = (rank + 1) * rows / a.splits;
   for (int r = rank * rows / a.splits + r0; r < r_end; r += kRowStep) {
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float* mine = tile + r * kTileStride + n - n0;
-    for (int p = 0; p < a.splits; ++p) {
-      const uint32_t at = cluster_map(mine, unsigned(p));
-      sum.x += cluster_load(at), sum.y += cluster_load(at + 4);
-      sum.z += cluster_load(at + 8), sum.w += cluster_load(at + 12);
-    }
+    const float* mine = tile + r * L::tile_stride + c;
+    for (int p = 0; p < a.splits; ++p)
+      for (int h = 0; h < (L::halves ? 2 : 1); ++h) {
+        const uint32_t at = cluster_map(mine + h * L::part_floats, unsigned(p));
+        add(sum, make_float4(cluster_load(at), cluster_load(at + 4), cluster_load(at + 8), cluster_load(at + 12)));
+      }
     store_y(a, m0 + r, n, sum);
   }
   cluster_arrive();
   cluster_wait();  // no block leaves (its shared memory with it) while a peer may still read it
 }
 
-// Rows of X a block multiplies: all of M up to 256; or, above 128 rows, slabs of 128 where two slabs a tile still fit
-// the SMs (N <= 66 tiles of 128 on an H100), so that twice as many blocks share the tensor work (at N = 4096 and
-// M = 256, 64 blocks of 128 x 256 outputs left half the SMs idle: README §9).
-int slab_rows(int m, int n, int sms) { return m > 128 && 2 * ((n + kTileN - 1) / kTileN) <= sms ? 128 : kMaxRows; }
+int tiles(int n, int tile_n) { return (n + tile_n - 1) / tile_n; }
+// The grid's shape: outputs n a block (tile_n), rows of X a block (slab) and pieces of K (splits).
+struct Shape {
+  int tile_n = kTileN, slab = kMaxRows, splits = 1;
+};
+// One block an SM (its stages fill most of the shared memory), and a grid of tiles of 128 outputs x slabs of 256
+// rows can leave most SMs idle (32 tiles at N = 4096). Starting from it, the blocks are doubled while they still fit
+// the SMs, in this order: K in 2 pieces, where each keeps at least kMinPieceK (a cluster's sum costs about as much
+// as streaming a shorter piece saves); slabs of 128 rows, above 128 rows (X is not read again, W mostly from L2);
+// tiles of 64 outputs, with at most 128 rows a block (each block reads all of its slab of X: the last resort).
+// More pieces do not pay: a cluster of 4 blocks of 200 KiB needs 4 free SMs in one GPC, and on the H100 32 such
+// clusters did not all fit at once (README §7, ../NOTEBOOK.md §14).
+Shape shape_of(int m, int n, int k, int sms) {
+  Shape s;
+  long long blocks = (long long)tiles(n, kTileN) * ((m + kMaxRows - 1) / kMaxRows);
+  if (k >= 2 * kMinPieceK && 2 * blocks <= sms) s.splits = 2, blocks *= 2;
+  const long long slabs_128 = (long long)tiles(n, kTileN) * ((m + 127) / 128) * s.splits;
+  if (m > 128 && slabs_128 <= sms) s.slab = 128, blocks = slabs_128;
+  if (std::min(m, s.slab) <= 128 && 2 * blocks <= sms) s.tile_n = kNarrowTileN;
+  return s;
+}
 // A slab's rows padded to the next of 16, 32, 64, 128, 256: wgmma's N.
 int padded_rows(int m) {
   int mp = 16;
@@ -180,15 +229,41 @@ int padded_rows(int m) {
   return mp;
 }
 
-template <int Mp>
-void launch_rows(const Args& a, dim3 grid) {
+template <int Mp, int TileN, int Panels = panels_of(Mp, TileN)>
+void launch_tile(const Args& a, dim3 grid) {
+  const int k_tiles = (a.k + Layout<Mp, TileN, Panels>::tile_k - 1) / Layout<Mp, TileN, Panels>::tile_k;
+  if (a.splits < 1 || a.splits > kMaxPieces || a.splits > k_tiles)  // an empty piece would store nothing
+    throw std::invalid_argument("flat_wgmma: splits " + std::to_string(a.splits) + " must be in 1 .. min(" +
+                                std::to_string(kMaxPieces) + ", K tiles " + std::to_string(k_tiles) + ")");
   const auto* w = reinterpret_cast<const fa::half_t*>(a.w);
   const auto* x = reinterpret_cast<const fa::half_t*>(a.x);
-  const CUtensorMap tm_w = tensor_map(w, a.k, a.n, 1, kTileN);  // [N][K]: boxes of 128 rows x 64 k
-  const CUtensorMap tm_x = tensor_map(x, a.k, a.m, 1, Mp);      // [M][K]: boxes of Mp rows x 64 k
-  constexpr size_t kBytes = Layout<Mp>::alloc;
-  if (a.splits == 1) launch_sm90(flat_wgmma_kernel<Mp>, grid, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
-  else launch_sm90_cluster(flat_wgmma_kernel<Mp>, grid, a.splits, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
+  const CUtensorMap tm_w = tensor_map(w, a.k, a.n, 1, TileN);  // [N][K]: boxes of TileN rows x 64 k
+  const CUtensorMap tm_x = tensor_map(x, a.k, a.m, 1, Mp);     // [M][K]: boxes of Mp rows x 64 k
+  constexpr size_t kBytes = Layout<Mp, TileN, Panels>::alloc;
+  const auto kernel = flat_wgmma_kernel<Mp, TileN, Panels>;
+  if (a.splits == 1) launch_sm90(kernel, grid, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
+  else launch_sm90_cluster(kernel, grid, a.splits, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
+}
+template <int Mp>
+void launch_rows(const Args& a, int tile_n, int slab) {
+  const dim3 grid(tiles(a.n, tile_n), a.splits, (a.m + slab - 1) / slab);
+  if constexpr (Mp <= 128)  // at Mp = 256 the two partial tiles' epilogue spills: shape_of never asks for it
+    if (tile_n == kNarrowTileN) return launch_tile<Mp, kNarrowTileN>(a, grid);
+  launch_tile<Mp, kTileN>(a, grid);
+}
+// One launch with tile_n outputs n (64 or 128; 64 with slabs of at most 128 rows) and slabs of `slab` rows a block.
+void launch_as(const Args& a, int tile_n, int slab) {
+  if ((tile_n != kTileN && tile_n != kNarrowTileN) || slab < 1 || slab > kMaxRows ||
+      (tile_n == kNarrowTileN && std::min(a.m, slab) > 128))
+    throw std::invalid_argument("flat_wgmma: tiles of " + std::to_string(tile_n) + " outputs with slabs of " +
+                                std::to_string(slab) + " rows (64 or 128 outputs; 64 with at most 128 rows)");
+  switch (padded_rows(std::min(a.m, slab))) {
+    case 16: return launch_rows<16>(a, tile_n, slab);
+    case 32: return launch_rows<32>(a, tile_n, slab);
+    case 64: return launch_rows<64>(a, tile_n, slab);
+    case 128: return launch_rows<128>(a, tile_n, slab);
+    default: return launch_rows<256>(a, tile_n, slab);
+  }
 }
 
 }  // namespace
@@ -209,29 +284,10 @@ bool supported() { return true; }
 void launch(const Args& a) {
   check_shape(a.m, a.n, a.k);
   if (!supported()) throw fa::NotOnThisGpu("flat_wgmma needs an sm_90 GPU (wgmma, TMA): this one is not");
-  const int k_tiles = (a.k + kTileK - 1) / kTileK;
-  if (a.splits < 1 || a.splits > kMaxPieces || a.splits > k_tiles)
-    throw std::invalid_argument("flat_wgmma: splits " + std::to_string(a.splits) + " must be in 1 .. min(" +
-                                std::to_string(kMaxPieces) + ", K tiles " + std::to_string(k_tiles) + ")");
-  const int slab = slab_rows(a.m, a.n, sm_count());
-  const dim3 grid((a.n + kTileN - 1) / kTileN, a.splits, (a.m + slab - 1) / slab);
-  switch (padded_rows(std::min(a.m, slab))) {
-    case 16: return launch_rows<16>(a, grid);
-    case 32: return launch_rows<32>(a, grid);
-    case 64: return launch_rows<64>(a, grid);
-    case 128: return launch_rows<128>(a, grid);
-    default: return launch_rows<256>(a, grid);
-  }
+  const Shape shape = shape_of(a.m, a.n, a.k, sm_count());
+  launch_as(a, shape.tile_n, shape.slab);
 }
 
-// One block an SM (its stages fill most of the shared memory): split-K over the SMs (gemm.cuh's splits_for, every
-// block resident at once), in 1 or 2 pieces. 4 pieces would fill 128 SMs at N = 4096, but a cluster of 4 blocks of
-// 200 KiB needs 4 free SMs in one GPC, and on the H100 32 such clusters did not all fit at once: 4 pieces ran
-// 1.2-1.6x slower than 2 (README §7, ../NOTEBOOK.md §14).
-int splits(int m, int n, int k, int sms) {
-  const int slab = slab_rows(m, n, sms);
-  const long long blocks = (long long)((n + kTileN - 1) / kTileN) * ((m + slab - 1) / slab);
-  return splits_for(blocks, (k + kTileK - 1) / kTileK, sms, sms, 2);
-}
+int splits(int m, int n, int k, int sms) { return shape_of(m, n, k, sms).splits; }
 
 }  // namespace fdec::gemm::flat_wgmma

@@ -2,8 +2,8 @@
 // 9, 17, 33, 65: the flat GEMM's 1 to 8 groups and 2 slabs; N, K not tile multiples) and on one 7B-class shape per
 // kernel, the flat GEMM with the split-K that flat_splits picks for this GPU and with 3 splits forced; flat_cluster
 // with 1 to 8 pieces, the same bits as flat (skipped, said so, on a GPU without thread block clusters); flat_wgmma
-// on every padding of M (16 to 256 rows, and two slabs), with 1 to 4 pieces (sm_90 only); read_w's checksum (every
-// word of W read).
+// on every padding of M (16 to 256 rows, and two slabs), tiles of 64 and 128 outputs, with 1 to 4 pieces (sm_90
+// only); read_w's checksum (every word of W read).
 // Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
 
@@ -117,20 +117,30 @@ TEST_CASE("06 gemm GPU: flat_cluster's split-K summed in a cluster, 1 to 8 piece
 }
 
 #ifdef FDEC_GEMM_HOPPER
-TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, 1 to 4 pieces of K (a cluster), launch after launch") {
+TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, tiles of 64 and 128, 1 to 4 pieces of K, launch after launch") {
   if (!flat_wgmma::supported()) {
     MESSAGE("skipped: flat_wgmma needs an sm_90 GPU (wgmma, TMA); this one is not");
     return;
   }
   for (int m : {1, 16, 17, 31, 64, 100, 128, 129, 255, 256, 257, 300})  // Mp 16 .. 256; M > 256: two slabs
     for (int splits : {1, 2, 3, 4}) {
-      const HostGemm h = make_inputs(m, 200, 648, 500 + m);  // ragged N (two tiles, the second 72 wide), 11 K tiles
+      // Ragged N: tiles of 64 (the fourth 8 wide; slabs of 128 rows above 128); K: 5 to 9 K tiles, the last 8
+      // wide (with 4 panels a stage, 3 of its panels wholly past K: TMA's zeros).
+      const HostGemm h = make_inputs(m, 200, 1032, 500 + m);
       INFO("M ", m, ", splits ", splits);
       const GemmError e = run(h, flat_wgmma::launch, splits, false);
       INFO(e.summary());
       CHECK(e.ok());
     }
-  const HostGemm h = make_inputs(256, 12288, 4096, 9);  // a 7B shape at its largest M, launch after launch
+  for (int m : {16, 100}) {  // N of 67 tiles of 128: tiles of 128 at M <= 128 too
+    const HostGemm h = make_inputs(m, 8520, 648, 600 + m);
+    INFO("M ", m);
+    CHECK(run(h, flat_wgmma::launch, 1, false).ok());
+  }
+  // 7B shapes launch after launch: at M = 128, tiles of 64 (64 blocks; 128 with 2 pieces); at M = 256, of 128.
+  const HostGemm h128 = make_inputs(128, 4096, 4096, 8);
+  for (int splits : {2, 1, 2}) CHECK(run(h128, flat_wgmma::launch, splits, true).ok());
+  const HostGemm h = make_inputs(256, 12288, 4096, 9);
   for (int splits : {1, 4, 2, 4}) CHECK(run(h, flat_wgmma::launch, splits, true).ok());
 }
 #endif

@@ -35,6 +35,9 @@ struct NotOnThisGpu : std::runtime_error {
 
 #include <doctest/doctest.h>
 
+#include <utility>
+#include <vector>
+
 #include "check.hpp"
 
 using namespace fdec::gemm;
@@ -60,7 +63,8 @@ TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1
   for (emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first})
     for (int m : {1, 16, 17, 40, 64, 65, 128, 129, 200, 256, 257})
       for (int splits : {1, 3}) {
-        const HostGemm h = make_inputs(m, 200, 648, 40 + m);  // N: tiles of 128 and 72; K: 11 tiles, the last 8 wide
+        // N: tiles of 64, the fourth 8 wide (slabs of 128 rows above 128); K: 3 to 11 K tiles, the last 8 wide
+        const HostGemm h = make_inputs(m, 200, 648, 40 + m);
         INFO("M ", m, ", splits ", splits, ", ", emu9::schedule_name(schedule), " schedule");
         const GemmError e = check_all(h, run_y(h, splits, schedule));
         INFO(e.summary());
@@ -68,9 +72,9 @@ TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1
       }
 }
 
-TEST_CASE("06 gemm emulated: flat_wgmma with slabs of 256 rows (N of 67 tiles: two slabs a tile would not fit)") {
-  for (int m : {200, 300}) {  // one slab of 256; a slab of 256 and one of 44
-    const HostGemm h = make_inputs(m, 8520, 72, 90 + m);  // 67 N tiles, the last 72 wide; two K tiles, the last 8 wide
+TEST_CASE("06 gemm emulated: flat_wgmma with tiles of 128 outputs and slabs of 256 rows (N of 67 tiles of 128)") {
+  for (int m : {40, 128, 200, 300}) {  // tiles of 128 at M <= 128; one slab of 256; a slab of 256 and one of 44
+    const HostGemm h = make_inputs(m, 8520, 72, 90 + m);  // 67 N tiles, the last 72 wide; K: one tile, 8 of it past K
     INFO("M ", m);
     const GemmError e = check_all(h, run_y(h, 1, emu9::Schedule::round_robin));
     INFO(e.summary());
@@ -79,10 +83,12 @@ TEST_CASE("06 gemm emulated: flat_wgmma with slabs of 256 rows (N of 67 tiles: t
 }
 
 TEST_CASE("06 gemm emulated: flat_wgmma's split-K in a cluster, 2 and 4 pieces, the same bits in any order") {
-  for (int m : {5, 33, 130})
+  // N = 136: tiles of 64 (the third 8 wide); N = 8520 at M = 40: tiles of 128. K: 5 to 9 K tiles, the last 8 wide.
+  for (const std::pair<int, int>& mn : std::vector<std::pair<int, int>>{{5, 136}, {33, 136}, {130, 136}, {40, 8520}})
     for (int splits : {2, 4}) {
-      const HostGemm h = make_inputs(m, 136, 392, 7 + m);  // 7 K tiles
-      INFO("M ", m, ", splits ", splits);
+      if (mn.second == 8520 && splits == 4) continue;  // 4 pieces of 67 tiles: long to emulate, the same code as 2
+      const HostGemm h = make_inputs(mn.first, mn.second, mn.second == 8520 ? 392 : 1032, 7 + mn.first);
+      INFO("M ", mn.first, ", N ", mn.second, ", splits ", splits);
       const std::vector<fa::half_t> y = run_y(h, splits, emu9::Schedule::round_robin);
       const GemmError e = check_all(h, y);
       INFO(e.summary());
@@ -91,15 +97,41 @@ TEST_CASE("06 gemm emulated: flat_wgmma's split-K in a cluster, 2 and 4 pieces, 
       CHECK(std::memcmp(y.data(), other.data(), y.size() * sizeof(fa::half_t)) == 0);      // sums in piece order
     }
   CHECK_THROWS_AS(run_y(make_inputs(1, 64, 512, 1), 5, emu9::Schedule::round_robin), std::invalid_argument);
+  CHECK_THROWS_AS(run_y(make_inputs(1, 64, 264, 1), 3, emu9::Schedule::round_robin), std::invalid_argument);
 }
 
-TEST_CASE("06 gemm: flat_wgmma's split-K on an H100 (132 SMs, one block an SM): at most 2 pieces") {
-  CHECK(flat_wgmma::splits(64, 4096, 4096, 132) == 2);    // 32 N tiles: 0.24 of a round; 64: 0.48
+TEST_CASE("06 gemm: flat_wgmma's stages (200 KiB, 4 to 8 of them) and panels of k a stage") {
+  using namespace flat_wgmma;
+  CHECK(panels_of(16, 64) == 4);    // 5 stages of 40 KiB
+  CHECK(panels_of(32, 64) == 4);    // 4 of 48 KiB
+  CHECK(panels_of(64, 64) == 2);    // 6 of 32 KiB (4 panels: 3 stages)
+  CHECK(panels_of(128, 64) == 1);   // X most of a stage: 8 of 24 KiB (2 panels: 4 of 48 KiB, measured slower)
+  CHECK(panels_of(16, 128) == 2);   // 5 of 36 KiB
+  CHECK(panels_of(64, 128) == 2);   // 4 of 48 KiB
+  CHECK(panels_of(128, 128) == 1);  // 6 of 32 KiB (2 panels: 3 stages)
+  CHECK(panels_of(256, 128) == 1);  // 4 of 48 KiB
+  CHECK(Layout<256, 128>::stages == 4);
+  CHECK(Layout<16, 128, 1>::stages == 8);  // at most 8
+}
+
+TEST_CASE("06 gemm: flat_wgmma's grid on an H100 (132 SMs, one block an SM): pieces, slabs, tiles, in that order") {
+  using flat_wgmma::shape_of;
+  auto is = [](flat_wgmma::Shape s, int tile_n, int slab, int splits) {
+    return s.tile_n == tile_n && s.slab == slab && s.splits == splits;
+  };
+  CHECK(is(shape_of(128, 4096, 4096, 132), 64, 256, 1));     // 32 tiles of 128; pieces of 2048: tiles of 64
+  CHECK(is(shape_of(8, 4096, 8184, 132), 64, 256, 1));      // pieces shorter than 4096
+  CHECK(is(shape_of(8, 4096, 8192, 132), 64, 256, 2));       // 2 pieces, then tiles of 64: 128 blocks
+  CHECK(is(shape_of(64, 4096, 11008, 132), 64, 256, 2));
+  CHECK(is(shape_of(256, 4096, 11008, 132), 128, 128, 2));   // 2 pieces x 2 slabs: 128 blocks
+  CHECK(is(shape_of(256, 4096, 4096, 132), 64, 128, 1));     // 2 slabs x tiles of 64: 128 blocks
+  CHECK(is(shape_of(300, 4096, 4096, 132), 128, 128, 1));    // 3 slabs of 128: 96 blocks
+  CHECK(is(shape_of(8, 8448, 4096, 132), 64, 256, 1));       // 66 tiles of 128: 132 of 64
+  CHECK(is(shape_of(8, 8449, 4096, 132), 128, 256, 1));      // 67: 134 of 64 would not all be resident
+  CHECK(is(shape_of(64, 12288, 4096, 132), 128, 256, 1));    // 96 tiles
+  CHECK(is(shape_of(256, 12288, 4096, 132), 128, 256, 1));   // 2 slabs: 192 blocks
+  CHECK(is(shape_of(64, 11008, 11008, 132), 128, 256, 1));   // 86 tiles: 2 pieces would not fit
+  CHECK(is(shape_of(1, 64, 64, 132), 64, 256, 1));
   CHECK(flat_wgmma::splits(64, 4096, 11008, 132) == 2);
-  CHECK(flat_wgmma::splits(64, 12288, 4096, 132) == 1);   // 96 tiles; 192 would not all be resident
-  CHECK(flat_wgmma::splits(64, 11008, 4096, 132) == 1);   // 86
-  CHECK(flat_wgmma::splits(256, 4096, 4096, 132) == 2);   // two slabs of 128 rows: 64 blocks; 128 (0.97)
-  CHECK(flat_wgmma::splits(300, 4096, 4096, 132) == 1);   // three slabs: 96 blocks; 192 would not all be resident
-  CHECK(flat_wgmma::splits(256, 12288, 4096, 132) == 1);  // 96 tiles: one slab of 256 rows (two would not fit)
-  CHECK(flat_wgmma::splits(1, 64, 64, 132) == 1);         // no more pieces than K tiles
+  CHECK(flat_wgmma::splits(64, 4096, 4096, 132) == 1);
 }
