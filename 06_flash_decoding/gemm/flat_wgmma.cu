@@ -4,25 +4,27 @@
 // one wgmma.m64nMpk16 multiplies them all and each weight is read from HBM once. What changes is the machinery around
 // the product (chapter 05's steps 9-10, hopper/): a producer copies tiles of W and X into a ring of shared-memory
 // stages with TMA, the consumers' wgmma read both operands from there, and mbarriers pass each stage between them.
-// The bytes in flight are the stages' (144-192 KiB of W and X an SM), not registers, and the tensor cores read X from
-// shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
-// Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255) own outputs n0 + 64 wg .. + 63; producer warpgroup
-// 2 (thread 256 issues) fills the stages. As in chapter 05's step 10, the producer gives its registers to the
-// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each. A stage is a K tile of
-// 64: W's rows n0 .. n0 + 127 and X's rows m0 .. m0 + Mp - 1, 128 bytes each (one 128-byte-swizzled panel, as TMA
-// writes it).
+// The bytes in flight are the stages' (up to 200 KiB of W and X an SM), not registers, and the tensor cores read X
+// from shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
+// Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255); producer warpgroup 2 (thread 256 issues) fills the
+// stages. A block owns TileN outputs: 128, warpgroup wg the outputs n0 + 64 wg .. + 63 with every k16 step of a
+// stage; or 64 ("halves"), both warpgroups the same 64 outputs, warpgroup wg half of each stage's k16 steps, their
+// two partial tiles added in the epilogue. As in chapter 05's step 10, the producer gives its registers to the
+// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each.
+// A stage: Panels (1, 2 or 4: panels_of) 128-byte panels of k, 64 k each, of W's TileN rows and X's Mp rows, each
+// panel as TMA writes it (128-byte swizzle).
 // Accumulators: Y^T's 64 x Mp tile of a warpgroup, Mp / 2 fp32 a thread (128 at Mp = 256): register 4j + e of lane
 // (g, t) of warp w holds n = 16 w + g + 8 (e / 2), m = 8 j + 2 t + e % 2.
-// Shared memory: stages x (128 + Mp) x 128 bytes, as many stages as fit 200 KiB (up to 8): 8 x 18 KiB at Mp = 16,
-// 8 x 24 KiB at 64, 6 x 32 KiB at 128, 4 x 48 KiB at 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM.
-// After the loop the same space holds the block's Mp x 128 fp32 tile for the epilogue (at most 132 KiB).
+// Shared memory: as many stages as fit 200 KiB, 4 to 8 (stages_of): e.g. 5 x 40 KiB at Mp = 16 with tiles of 64, 4 x
+// 48 KiB at Mp = 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM. After the loop the same space holds
+// the block's fp32 tile (or the two partial tiles) for the epilogue, at most 132 KiB.
 // The accumulators are not zeroed: each warpgroup's first wgmma overwrites them (scale-d = 0), because zeroing them
 // with ordinary instructions makes ptxas serialise every wgmma of the loop (its warning C7515).
-// Grid: (ceil(N / 128), splits, slabs): blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
-// pieces, summed as flat_cluster.cu does: the pieces of an output tile are one thread block cluster, each keeps its
-// partial tile in its shared memory, and each adds 1 / pieces of the tile's rows from all of them, in piece order,
-// through distributed shared memory); blockIdx.z a slab of rows of X (slab_rows: 256, or 128 where the N tiles
-// leave half the SMs idle; each slab reads W again, mostly from L2 when the slabs run at the same time).
+// Grid (shape_of): (ceil(N / TileN), splits, slabs). blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
+// pieces; the heuristic takes 1 or 2), summed as flat_cluster.cu does: the pieces of an output tile are one thread
+// block cluster, each keeps its partial tile in its shared memory, and each adds 1 / pieces of the tile's rows from
+// all of them, in piece order, through distributed shared memory. blockIdx.z is a slab of rows of X (256, or 128:
+// each slab reads W again, mostly from L2 when the slabs run at the same time).
 // Rows past N or M and k past K arrive as zeros from TMA (the box is clipped to the tensor); they are not stored.
 #include <algorithm>
 #include <stdexcept>
@@ -87,7 +89,7 @@ __device__ __forceinline__ void store_y(const Args& a, int m, int n, float4 v) {
     for (int q = 0; q < 4; ++q)
       if (n + q < a.n) y[q] = h[q];
 }
-template <int Mp, int TileN, int Panels = panels_of(Mp, TileN)>
+template <int Mp, int TileN, int Panels>
 __global__ void __launch_bounds__(kThreads, 1)
     flat_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x, Args a) {
   using L = Layout<Mp, TileN, Panels>;
@@ -229,7 +231,7 @@ int padded_rows(int m) {
   return mp;
 }
 
-template <int Mp, int TileN, int Panels = panels_of(Mp, TileN)>
+template <int Mp, int TileN, int Panels>
 void launch_tile(const Args& a, dim3 grid) {
   const int k_tiles = (a.k + Layout<Mp, TileN, Panels>::tile_k - 1) / Layout<Mp, TileN, Panels>::tile_k;
   if (a.splits < 1 || a.splits > kMaxPieces || a.splits > k_tiles)  // an empty piece would store nothing
@@ -248,8 +250,8 @@ template <int Mp>
 void launch_rows(const Args& a, int tile_n, int slab) {
   const dim3 grid(tiles(a.n, tile_n), a.splits, (a.m + slab - 1) / slab);
   if constexpr (Mp <= 128)  // at Mp = 256 the two partial tiles' epilogue spills: shape_of never asks for it
-    if (tile_n == kNarrowTileN) return launch_tile<Mp, kNarrowTileN>(a, grid);
-  launch_tile<Mp, kTileN>(a, grid);
+    if (tile_n == kNarrowTileN) return launch_tile<Mp, kNarrowTileN, panels_of(Mp, kNarrowTileN)>(a, grid);
+  launch_tile<Mp, kTileN, panels_of(Mp, kTileN)>(a, grid);
 }
 // One launch with tile_n outputs n (64 or 128; 64 with slabs of at most 128 rows) and slabs of `slab` rows a block.
 void launch_as(const Args& a, int tile_n, int slab) {
