@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const int i = kt - kt_begin, s = i % L::stages;
     mbar_wait(&full[s], (i / L::stages) & 1);
-    // This warpgroup's 64 rows of W and its k16 steps: rows 64 wg .. and every step, or (halves) the block's 64
-    // rows and steps 2 wg, 2 wg + 1.
+    // This warpgroup's 64 rows of W and its k16 steps: rows 64 wg .. and every step of the stage, or (halves) the
+    // block's 64 rows and its half of the steps, kSteps wg .. kSteps (wg + 1) - 1.
     const unsigned char* w_s = smem + s * L::stage_bytes + (L::halves ? 0 : wg * 64 * kRowBytes);
     const unsigned char* x_s = smem + s * L::stage_bytes + L::w_bytes;
     constexpr int kSteps = L::halves ? L::steps_k / kConsumers : L::steps_k;
