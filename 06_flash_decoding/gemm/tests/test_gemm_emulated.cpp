@@ -1,6 +1,7 @@
 // The kernels' own source (gemv, flat, tile, flat_cluster, read_w) run on the CPU through ../tests/emu/emu.hpp
 // (every GPU thread a cooperative context; ldmatrix, mma.sync by the PTX ISA's rules; a cp.async destination NaN
-// until the wait_group that lets it land; shared memory garbage at every block), each through its own launch function, against fp64 with check.hpp's rule.
+// until the wait_group that lets it land; shared memory garbage at every block), each through its own launch
+// function, against fp64 with check.hpp's rule.
 // Shapes: M = 1, 3, 8, 9, 17 (a group of 8 and its tail; the tile's 64 rows), N and K that are not tile multiples
 // (a K long enough for several K tiles), the flat GEMM with 1, 2, 3 and 5 splits
 // (its last block of a tile reducing them), its 2, 4, 8 groups a block and slabs of 64 rows (M = 9 to 128) with the

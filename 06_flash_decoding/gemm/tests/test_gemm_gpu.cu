@@ -117,7 +117,7 @@ TEST_CASE("06 gemm GPU: flat_cluster's split-K summed in a cluster, 1 to 8 piece
 }
 
 #ifdef FDEC_GEMM_HOPPER
-TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, tiles of 64 and 128, 1 to 4 pieces of K, launch after launch") {
+TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, tiles of 64 and 128, 1 to 4 pieces, launch after launch") {
   if (!flat_wgmma::supported()) {
     MESSAGE("skipped: flat_wgmma needs an sm_90 GPU (wgmma, TMA); this one is not");
     return;
