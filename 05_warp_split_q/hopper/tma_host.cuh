@@ -55,22 +55,19 @@ CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int bo
 // than 48 KiB of dynamic shared memory (the per-kernel opt-in).
 template <class Tc>
 using TmaKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, Tc*, float*);
-template <class Tc>
-void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
-                const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
-  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "this Hopper step");
-  kernel<<<grid, threads, smem_bytes>>>(q, k, v, p, o, lse);
-  CHECK_LAUNCH();
-}
-
-// Any other sm_90a kernel: the shared-memory opt-in (`what` names it in the error), the launch, its check. Chapter
-// 06's decode GEMM (gemm/flat_wgmma.cu) launches through this.
+// Any sm_90a kernel: the shared-memory opt-in (`what` names it in the error), the launch, its check. The steps
+// launch through launch_tma below; chapter 06's decode GEMM (gemm/flat_wgmma.cu) through this directly.
 template <class... Params, class... Args>
 void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, const char* what,
                  Args... args) {
   fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, what);
   kernel<<<grid, threads, smem_bytes>>>(args...);
   CHECK_LAUNCH();
+}
+template <class Tc>
+void launch_tma(TmaKernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
+                const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, Tc* o, float* lse) {
+  launch_sm90(kernel, grid, threads, smem_bytes, "this Hopper step", q, k, v, p, o, lse);
 }
 
 // The same, the blocks grouped in thread block clusters of (1, cluster_y, 1): blocks (x, y, z) with the same x, z
@@ -97,9 +94,7 @@ template <class Tc>
 void launch_tma_fp8(TmaFp8Kernel<Tc> kernel, dim3 grid, int threads, size_t smem_bytes, const CUtensorMap& q,
                     const CUtensorMap& k, const CUtensorMap& v, const fa::Problem& p, const fp8::Scales& scales, Tc* o,
                     float* lse) {
-  fa::opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, "the FP8 step");
-  kernel<<<grid, threads, smem_bytes>>>(q, k, v, p, scales, o, lse);
-  CHECK_LAUNCH();
+  launch_sm90(kernel, grid, threads, smem_bytes, "the FP8 step", q, k, v, p, scales, o, lse);
 }
 
 }  // namespace wsq::sm90

@@ -44,29 +44,15 @@ inline void check_shape(int m, int n, int k) {
                          ": the kernels read rows of X and W in 16-byte pieces (pad K to a multiple of 8)");
 }
 
-// Split-K: how many pieces of K a kernel's grid of `blocks` blocks (before split-K) is cut into: 1, 2 or 4 (at
-// most `most`), whichever spreads the blocks over the SMs most evenly (the last round of blocks the fullest; on a tie
-// the more pieces, more loads in flight), among those that keep every block resident at once (`slots`: the blocks
-// the GPU holds at once), at least one K tile (of `k_tiles`) a piece. A round of blocks that leaves SMs idle streams
-// W with fewer loads in flight than the GPU could keep.
-constexpr int kFlatPieces = 4;   // splits_for's most pieces by default (a launch accepts up to kMaxSplits)
-inline int splits_for(long long blocks, int k_tiles, int sms, int slots, int most = kFlatPieces) {
-  int best = 1;
-  long long best_blocks = 0, best_room = 1;  // the best fill so far: best_blocks / best_room
-  for (int s = 1; s <= most && s <= k_tiles; s *= 2) {
-    const long long b = blocks * s, room = (b + sms - 1) / sms * sms;  // room: whole rounds of one block per SM
-    if (s > 1 && b > slots) break;
-    if (b * best_room >= best_blocks * room) best = s, best_blocks = b, best_room = room;
-  }
-  return best;
-}
-
-// The flat GEMM's split-K (flat_gemm.cu, flat_cluster.cu): splits_for over its grid, N tiles of 64 x slabs of up to
-// 64 rows (M <= 64: one slab, W read once), K tiles of 128; `slots` = blocks one SM holds x SMs
-// (flat::blocks_per_sm, for M's number of groups: registers set it; for flat_cluster the blocks its clusters hold
-// at once: flat_cluster::slots).
+// The flat GEMM's split-K (flat_gemm.cu, flat_cluster.cu): 1, 2 or 4 pieces of K, whichever spreads the blocks over
+// the SMs most evenly (the last round of blocks the fullest; on a tie the more pieces, more loads in flight), among
+// those that keep every block resident at once (`slots` = blocks one SM holds x SMs: flat::blocks_per_sm, for M's
+// number of groups: registers set it; for flat_cluster the blocks its clusters hold at once: flat_cluster::slots),
+// at least one K tile a piece. A round of blocks that leaves SMs idle streams W with fewer loads in flight than the
+// GPU could keep.
 constexpr int kFlatTileN = 64;   // outputs n per block (4 warps x 16)
 constexpr int kFlatTileK = 128;  // k per K tile (4 chunks of 32): the unit of split-K
+constexpr int kFlatPieces = 4;   // flat_splits' most pieces (a launch accepts up to kMaxSplits)
 constexpr int kFlatMaxGroups = 8;  // groups of 8 rows of X that one flat block multiplies by its W fragments
 constexpr int kFlatSlabRows = kFlatMaxGroups * kGroupRows;  // rows of X per blockIdx.z of the flat grid: 64
 // The flat kernel's groups per block: the smallest power of two G with 8 G >= min(M, 64). M > 64: slabs of 64 rows.
@@ -76,8 +62,17 @@ inline int flat_groups(int m) {
   return g;
 }
 inline int flat_splits(int m, int n, int k, int sms, int slots) {
+  // the grid before split-K: N tiles x slabs of up to 64 rows (M <= 64: one slab, W read once)
   const long long blocks = (long long)((n + kFlatTileN - 1) / kFlatTileN) * ((m + kFlatSlabRows - 1) / kFlatSlabRows);
-  return splits_for(blocks, (k + kFlatTileK - 1) / kFlatTileK, sms, slots);
+  const int k_tiles = (k + kFlatTileK - 1) / kFlatTileK;
+  int best = 1;
+  long long best_blocks = 0, best_room = 1;  // the best fill so far: best_blocks / best_room
+  for (int s = 1; s <= kFlatPieces && s <= k_tiles; s *= 2) {
+    const long long b = blocks * s, room = (b + sms - 1) / sms * sms;  // room: whole rounds of one block per SM
+    if (s > 1 && b > slots) break;
+    if (b * best_room >= best_blocks * room) best = s, best_blocks = b, best_room = room;
+  }
+  return best;
 }
 
 // The kernels' host functions (one per file; each launches through steps/ready.cuh's launch_kernel, so that the
