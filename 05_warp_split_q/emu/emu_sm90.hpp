@@ -26,6 +26,9 @@
 //     threads all in one schedule, each block with its own shared memory (garbage at the start; NaN once every
 //     thread of the block has finished, so a peer reading it after it left reads NaN); the cluster barrier counts
 //     every thread of the cluster, and a peer's shared memory is read through emu9::cluster_peer (mapa).
+//   * Persistent blocks (step 14): sm_count() is 2, so a grid of "one block per SM" has blocks that run several
+//     work items; global memory belongs to one emulated thread at a time, so atomicAdd is a plain add. A block that
+//     ends with arrivals on a named barrier that nobody waited for stops the test (unmatched ping-pong turns).
 // Slow, and it proves nothing about timing or about what the asynchronous hardware might reorder; it does check
 // the index arithmetic, the phases and the layouts.
 #pragma once
@@ -243,6 +246,13 @@ inline X exchange(X x, int src_lane) {
   return y;
 }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu9::warp_sync(); }
+// Global memory is one thread's at a time here: an atomic is a plain read-modify-write, a fence has nothing to order.
+inline int atomicAdd(int* at, int x) {
+  const int old = *at;
+  *at = old + x;
+  return old;
+}
+inline void __threadfence() {}
 inline float __shfl_xor_sync(unsigned, float x, int mask) { return exchange(x, emu9::lane() ^ mask); }
 inline int __shfl_sync(unsigned, int x, int src) { return exchange(x, src); }
 
@@ -505,6 +515,18 @@ inline void reset_blocks(int threads, int blocks) {
   wgmmas.assign(size_t(threads) * blocks, {});
 }
 
+// A block that ends with arrivals on a named barrier that no thread waited for has an arrive too many (or a wait
+// too few): harmless only by luck on the GPU, and a sign that the turns of a ping-pong were not matched.
+inline void check_named_barriers_idle() {
+  for (const auto& block : emu9::named)
+    for (size_t id = 0; id < block.size(); ++id)
+      if (block[id].arrived != 0) {
+        std::fprintf(stderr, "emulated launch: named barrier %zu left with %d arrivals that no thread waited for\n", id,
+                     block[id].arrived);
+        std::abort();
+      }
+}
+
 // The grid, clusters of `cluster_y` blocks along y (1: blocks one after another), each block with `threads` emulated
 // threads running `call` (the kernel with its arguments); `reset_more` clears what a header adds to a block's state
 // (emu_sm90_bwd.hpp: the bulk groups, one cluster of one block at a time).
@@ -524,6 +546,7 @@ inline void run_grid(dim3 grid, int threads, size_t smem_bytes, std::function<vo
         if (reset_more) reset_more(threads);
         emu9::body = [] { run(); };
         emu9::run_blocks(threads, cluster_y, dim3(bx, by, bz));
+        check_named_barriers_idle();
       }
 }
 
@@ -640,6 +663,9 @@ inline void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t de
 }
 
 }  // namespace
+
+// The SMs a persistent kernel (step 14) sizes its grid by: an emulated GPU of two, so that a block runs several items.
+inline int sm_count() { return 2; }
 
 template <class Tc>
 using TmaFp8Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, fa::Problem, fp8::Scales, Tc*, float*);

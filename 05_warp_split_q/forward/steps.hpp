@@ -27,6 +27,8 @@ void forward_v11_fp8(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* 
 void forward_v12_fp8_lean(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 // ---- step 13 (FP8, sm_90a only): step 12 with the descales of K and V loaded one tile ahead ----
 void forward_v13_fp8_scales_ahead(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+// ---- step 14 (FP8, sm_90a only): step 13 with persistent blocks (one per SM, work items from a counter) ----
+void forward_v14_fp8_persistent(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

@@ -106,9 +106,9 @@ void check_supported(const fa::Problem& p) {
     throw fa::UsageError("heads and batch must be <= 65535 (the grid's y and z limits)");
 }
 
-// ---- steps 11-13 (FP8) ----
-static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead"};
-static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead";
+// ---- steps 11-14 (FP8) ----
+static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead", "v14_fp8_persistent"};
+static constexpr const char* kFp8StepList = "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead, v14_fp8_persistent";
 
 const std::vector<Fp8Step>& fp8_steps() {
   static const std::vector<Fp8Step> steps = [] {
@@ -123,6 +123,8 @@ const std::vector<Fp8Step>& fp8_steps() {
                      forward_v12_fp8_lean, "fp8", fa::Arch::sm90a});
       all.push_back({kFp8StepNames[2], "FP8, the descales of K and V loaded one tile ahead: the products no longer wait for them",
                      forward_v13_fp8_scales_ahead, "fp8", fa::Arch::sm90a});
+      all.push_back({kFp8StepNames[3], "FP8, persistent blocks: one per SM, the next Q block loaded while this one computes",
+                     forward_v14_fp8_persistent, "fp8", fa::Arch::sm90a});
     }
 #endif
     return all;

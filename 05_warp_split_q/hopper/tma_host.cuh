@@ -86,6 +86,13 @@ void launch_sm90_cluster(void (*kernel)(Params...), dim3 grid, int cluster_y, in
   CHECK_LAUNCH();
 }
 
+// The SMs of this GPU: a persistent kernel (step 14) launches one block per SM.
+inline int sm_count() {
+  int n = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, fa::current_device()));
+  return n;
+}
+
 // ---- step 11 (FP8): the same launch with the scales of the quantised tensors (hopper/fp8.hpp) as one more
 // argument. ----
 template <class Tc>

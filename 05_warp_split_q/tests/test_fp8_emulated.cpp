@@ -1,4 +1,5 @@
-// Steps 11 to 13 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu), run on the CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// Steps 11 to 14 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu), run on the
+// CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
 // tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
 // model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
 // rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "emu/emu_schedule.hpp"
 #include "forward/steps.hpp"
 #include "hopper/fp8_model.hpp"
 
@@ -63,6 +65,7 @@ void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double o
   check_one("v11_fp8", wsq::forward_v11_fp8, p, o, qk_stddev, outliers, uniform);
   check_one("v12_fp8_lean", wsq::forward_v12_fp8_lean, p, o, qk_stddev, outliers, uniform);
   check_one("v13_fp8_scales_ahead", wsq::forward_v13_fp8_scales_ahead, p, o, qk_stddev, outliers, uniform);
+  check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, p, o, qk_stddev, outliers, uniform);
 }
 
 }  // namespace
@@ -94,4 +97,24 @@ TEST_CASE("emulated FP8 steps: a negative softmax scale, five K/V tiles (each of
 
 TEST_CASE("emulated FP8 steps: 128 K/V tiles of the program's inputs (O~ summed in fp32, not in the e4m3 wgmma)") {
   check_v11(make(1, 1, 64, 16384, 64, false), {}, 1.0, 0.0, true);
+}
+
+// Step 14 on an emulated GPU of two SMs (emu_sm90.hpp's sm_count), in both schedules: one block runs items of 0, 1,
+// 2 and 3 K/V tiles one after another (the Q buffers and the K/V buffers counted across items, the ping-pong across
+// items), causal items in the order of their lengths, heads and batches mixed; launched again and again (the counter
+// must be back at 0 for the next launch).
+TEST_CASE("emulated FP8 step 14: one block runs many items of different lengths, launch after launch") {
+  fa::Problem p = make(3, 1, 300, 300, 64, true);
+  p.batch = 2;
+  fa::Problem rows_without_keys = make(2, 2, 400, 150, 128, true);  // Q blocks 0 and 1 see no key: no tiles
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
+    emu9::schedule = schedule;
+    INFO(std::string(emu9::schedule_name(schedule)), " schedule");
+    for (int launch = 0; launch < 2; ++launch)
+      check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, p, {}, 1.0, 0.0, false);
+    check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, rows_without_keys, {}, 1.0, 0.0, false);
+    check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, make(4, 2, 257, 200, 128, false), {}, 1.0, 0.01,
+              false);
+  }
+  emu9::schedule = emu9::Schedule::round_robin;
 }

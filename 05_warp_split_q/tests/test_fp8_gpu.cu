@@ -114,10 +114,23 @@ TEST_CASE("FP8 step: edge lengths, causal, GQA, large logits, outliers, both sca
   check_step(make(1, 4, 4, 512, 777, 64, false), tensor, 1.0, 0.001);
 }
 
+// More Q blocks than the GPU has SMs, so that step 14's blocks each run several items (and, causal, items of every
+// length, some without a key when q_len > kv_len); every step runs twice on the same inputs (step 14's counter must
+// be back at 0 after a launch).
+TEST_CASE("FP8 step: more Q blocks than SMs, launch after launch") {
+  if (!have_fp8()) return;
+  for (int launch = 0; launch < 2; ++launch) {
+    check_step(make(2, 32, 8, 300, 300, 128, true), {});   // 3 x 64 = 192 items
+    check_step(make(3, 16, 16, 400, 150, 64, true), {});   // rows that see no key (4 x 48 items)
+    check_step(make(2, 32, 8, 260, 400, 128, false), {});
+  }
+}
+
 TEST_CASE("FP8 sanitizer workload: quantisation pass and step 11, ragged, causal, GQA, Hadamard") {
   if (!have_fp8()) return;
   Options o;
   o.hadamard = true;
   check_step(make(1, 4, 2, 113, 203, 128, true), o);
   check_step(make(1, 2, 1, 97, 65, 64, false), {});
+  check_step(make(2, 4, 2, 700, 700, 64, true), {});  // 48 items: step 14's blocks run several on a small GPU
 }
