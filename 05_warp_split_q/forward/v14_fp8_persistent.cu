@@ -6,7 +6,7 @@
 // while the consumers still compute the current one, and the ping-pong goes on across items. Items are handed out by
 // a counter in global memory, so a block that finishes early takes the next one; with a causal mask the longest
 // items (the last Q blocks, which see the most keys) go first, so the short ones fill the end. On the H100 (README
-// §7.12): +20 % at d = 64, +4-5 % causal, level at d = 128 without a mask.
+// §7.12): +20 % at d = 64, +4-9 % causal, level or 2-3 % slower at d = 128 without a mask.
 // `diff v13_fp8_scales_ahead.cu v14_fp8_persistent.cu` is the lesson.
 //
 // Computes, for each work item (Q block Q_i of Br = 128 rows, head h, batch b), per consumer warpgroup, the lines of
@@ -21,7 +21,7 @@
 //             counted across items, free the Q buffer, write O_i and L_i
 // Thread mapping as in step 13: consumer warpgroups 0 and 1 (rows 64 w .. 64 w + 63 of every item), producer
 // warpgroup 2. Shared memory: step 13's plus a second Q8 buffer and its index: (2 x 128 + 3 x 128 + 3 d) x 128 B =
-// 104 KiB (d = 64), 128 KiB (d = 128), plus 15 mbarriers and 2 item indices.
+// 104 KiB (d = 64), 128 KiB (d = 128), plus 16 mbarriers and 2 item indices.
 #include <algorithm>
 #include <type_traits>
 
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(&full_q[qb], (nth / kQBuffers) & 1);
     // Read through a shuffle, like wg: ptxas then knows the item is the same in every lane, and so are the tile
     // counts and buffer indices that follow from it, which stay in uniform registers, where the wgmma descriptors
-    // must be (read from shared memory alone, every descriptor was rebuilt in ordinary registers and moved over).
+    // must be (read from shared memory alone, it made every descriptor non-uniform: ~60 instructions rebuilt them
+    // after the turn barrier, README §7.12).
     const int item = __shfl_sync(0xffffffffu, item_in[qb], 0);
     if (item >= n_items) break;
     const Item it = item_of(item, p, tiles_q);
@@ -216,7 +217,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto phase = [&](int tile) { return ((used + tile) / kStages) & 1; };
     // The operands' descriptors: this item's Q8 buffer; a k-step or another buffer is an add to the start address
     // field (bits 0-13, in 16-byte units; shared memory ends below 2^18 bytes, so the add never carries out of it).
-    // Encoding each one from its address instead, after the turn barrier, delayed every issue by ~60 instructions.
     const uint64_t desc_q = desc_k_major(Qs + qb * L::q_bytes + kRowsPerConsumer * wg * kRowBytes);
     // line 5: S_ij = Q8_i K8_j^T; k32 step kk reads bytes 32 kk .. 32 kk + 31 of each row: the same 32-byte steps
     // through a 128-byte row as step 10's k16 steps of 16-bit values (sm90_layout.hpp: k_major_step).
