@@ -271,7 +271,7 @@ void launch_as(const Args& a, int tile_n, int slab) {
 }  // namespace
 
 #ifdef __CUDACC__
-int sm_count() { return fa::device_props().multiProcessorCount; }
+int sm_count() { return wsq::sm90::sm_count(); }  // one attribute query, not the whole device properties
 bool supported() {  // sm_90a code runs on compute capability 9.0 alone
   int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, fa::current_device()));
