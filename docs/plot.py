@@ -14,7 +14,10 @@ One CSV per GPU (scripts/measure.sh writes docs/results/<gpu>.csv). For each, wi
     <g>_memory.png             extra memory (bytes beyond inputs and outputs) against N, forward and backward
     <g>_roofline.png           every row with a FLOP count and a traffic model, on the GPU's roofline
     <g>_05_ladder_<dtype>.png  chapter 05's steps as bars, PyTorch's flash and cuDNN backends as lines
-    <g>_05_fwd_<dtype>.png     chapter 05's steps and PyTorch's backends, TFLOP/s against N
+    <g>_05_fwd_<dtype>.png     chapter 05's steps and PyTorch's backends, TFLOP/s against N. fp8 (both
+                               figures): from <gpu>_fp8.csv (what `scripts/measure.sh --chapters 05fp8` writes,
+                               one run) where it exists, with that run's step 10 and PyTorch's backends in fp16
+                               on the same shapes as the yardsticks
     <g>_05_bwd_<dtype>.png     chapter 05's last backward step (both dQ modes) and PyTorch's backends' backward,
                                TFLOP/s against N
     <g>_06_bandwidth.png       chapter 06, GB/s of K and V read against the cache length, the read-only ceiling
@@ -77,6 +80,7 @@ TRAIN_SUFFIX = "_train.csv"  # scripts/train_gpt.py: loss curves, not result row
 # kernels too).
 SIDE_TABLES = ("_train", "_06_auto", "_gemm", "_fp8_lab")
 JOURNEY_SUFFIX = "_journey.csv"  # scripts/measure.sh --chapters journey: rows for the journey figure only
+FP8_SUFFIX = "_fp8.csv"  # scripts/measure.sh --chapters 05fp8: rows for chapter 05's fp8 figures only
 
 # Human names for (chapter, kernel). Two kernel names that are the same kernel map to the same label.
 LABELS = {
@@ -555,8 +559,24 @@ def roofline(rows, gpu, spec, path, table=False):
     return path
 
 
+FP16_REFERENCE_STEP = "v10_pingpong"  # what the fp8 steps are measured against: the last fp16 step (05 README §7.11)
+
+
+def fp16_references(rows, shapes):
+    """The fp8 figures' yardsticks: the fp16 forward rows of step 10 and of PyTorch's backends at `shapes` (B, H, Hkv,
+    Nq, Nk, d, causal), as copies labelled "... (fp16)": fp8 has no PyTorch baseline of its own."""
+    refs = []
+    for r in rows:
+        if (r["dtype"] == "fp16" and r["pass"] == "fwd" and r["tflops"] > 0
+                and (r["chapter"] == "torch" or (r["chapter"] == "05" and r["kernel"] == FP16_REFERENCE_STEP))
+                and (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"]) in shapes):
+            refs.append(dict(r, label=f'{r["label"]} (fp16)'))
+    return refs
+
+
 def ladder_05(rows, gpu, dtype, path):
-    """Chapter 05's steps as bars at its largest measured shape, PyTorch flash / cuDNN as horizontal lines."""
+    """Chapter 05's steps as bars at its largest measured shape, PyTorch flash / cuDNN as horizontal lines (for
+    fp8: the fp16 rows of PyTorch and of step 10)."""
     mine = [r for r in rows if r["chapter"] == "05" and r["dtype"] == dtype and r["pass"] == "fwd" and r["tflops"] > 0]
     if not mine:
         return None
@@ -568,6 +588,8 @@ def ladder_05(rows, gpu, dtype, path):
     steps = [r for r in mine if shape_of(r) == shape]  # in file order: the ladder's order
     base = [r for r in rows if r["chapter"] == "torch" and r["dtype"] == dtype and r["pass"] == "fwd"
             and shape_of(r) == shape and r["tflops"] > 0]
+    if dtype == "fp8":
+        base = fp16_references(rows, {shape})
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(steps) + 3), 4.8))
     ax.bar(range(len(steps)), [r["tflops"] for r in steps], color=CHAPTER_COLORS["05"], width=0.7)
     for i, r in enumerate(steps):  # inside the bar's top: above it the PyTorch lines may run
@@ -644,10 +666,15 @@ def fwd_05(rows, gpu, dtype, path):
     steps = sorted(OrderedDict.fromkeys(r["label"] for r in sel if r["chapter"] == "05"),
                    key=lambda n: LABEL_ORDER.get(n, 10 ** 6))
     shade = {name: plt.cm.viridis(0.9 * k / max(1, len(steps) - 1)) for k, name in enumerate(steps)}
+    if dtype == "fp8":  # the yardsticks, at the fp8 rows' shapes: step 10 black, PyTorch's backends dashed
+        sel += fp16_references(rows, {(r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"])
+                                      for r in sel if r["chapter"] == "05"})
 
     def restyle(r, st):
         if r["label"] in shade:
             st.update(color=shade[r["label"]])
+        elif r["chapter"] == "05":  # step 10 in fp16
+            st.update(color="black", linestyle=":")
     return panels_vs_n(sel, panels, restyle, "TFLOP/s (log scale)",
                        f"05 forward: TFLOP/s of each step against N, {dtype}, on {gpu}", path, log=True)
 
@@ -962,9 +989,10 @@ def headline_table(rows):
             print(f"| {n} | " + " | ".join("—" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}" for x in v) + " |")
 
 
-def plot_csv(path, out_dir, table=False, readme=False, journey_rows=()):
+def plot_csv(path, out_dir, table=False, readme=False, journey_rows=(), fp8_rows=()):
     """Every figure of one GPU's CSV; journey_rows: that GPU's rows of a <gpu>_journey.csv, which the journey
-    figure takes before the CSV's own rows at its shape."""
+    figure takes before the CSV's own rows at its shape; fp8_rows: those of a <gpu>_fp8.csv, which the fp8
+    figures take instead of the CSV's own."""
     rows, dropped = read_rows(path)
     if not rows:
         raise SystemExit(f"{path}: no rows")
@@ -980,9 +1008,10 @@ def plot_csv(path, out_dir, table=False, readme=False, journey_rows=()):
     p = lambda name: os.path.join(out_dir, f"{g}_{name}.png")  # noqa: E731
     written = [tflops_vs_n(rows, gpu, "fwd", p("fwd")), tflops_vs_n(rows, gpu, "bwd", p("bwd")),
                memory_vs_n(rows, gpu, spec, p("memory")), roofline(rows, gpu, spec, p("roofline"), table)]
-    for dtype in sorted({r["dtype"] for r in rows if r["chapter"] == "05"}):
-        written += [ladder_05(rows, gpu, dtype, p(f"05_ladder_{dtype}")), fwd_05(rows, gpu, dtype, p(f"05_fwd_{dtype}")),
-                    bwd_05(rows, gpu, dtype, p(f"05_bwd_{dtype}"))]
+    for dtype in sorted({r["dtype"] for r in rows if r["chapter"] == "05"} | ({"fp8"} if fp8_rows else set())):
+        src = list(fp8_rows) if dtype == "fp8" and fp8_rows else rows  # fp8: one run, its fp16 yardsticks included
+        written += [ladder_05(src, gpu, dtype, p(f"05_ladder_{dtype}")), fwd_05(src, gpu, dtype, p(f"05_fwd_{dtype}")),
+                    bwd_05(src, gpu, dtype, p(f"05_bwd_{dtype}"))]
     written += decode_06(rows, gpu, spec, p("06_bandwidth"), p("06_splits"))
     written.append(block_sparse_04(rows, gpu, p("04_block_sparse")))
     # one run: the journey file's rows alone where there is one (its shape also has rows of other runs in the main CSV)
@@ -1055,25 +1084,35 @@ def main():
                   if f.endswith(".csv") and not f.endswith(step_counters.SUFFIX) and not f.endswith(TOUR_SUFFIX)
                   and not any(part in f for part in SIDE_TABLES) and os.path.join(args.results, f) not in io_files)
     journey_files = [c for c in csvs if c.endswith(JOURNEY_SUFFIX)]
-    csvs = [c for c in csvs if c not in journey_files]
+    fp8_files = [c for c in csvs if c.endswith(FP8_SUFFIX)]
+    csvs = [c for c in csvs if c not in journey_files and c not in fp8_files]
     if not csvs and not journey_files:
         raise SystemExit(f"no .csv files in {args.results}")
-    journey_rows = OrderedDict()  # GPU -> rows of its <gpu>_journey.csv files
-    for c in journey_files:
-        rows, _ = read_rows(c)
-        print(f"{c}: {len(rows)} rows for the journey figure")
-        for r in rows:
-            journey_rows.setdefault(r["gpu"], []).append(r)
+
+    def side_rows(files, what):  # GPU -> rows of its side files
+        by_gpu = OrderedDict()
+        for c in files:
+            rows, _ = read_rows(c)
+            print(f"{c}: {len(rows)} rows for {what}")
+            for r in rows:
+                by_gpu.setdefault(r["gpu"], []).append(r)
+        return by_gpu
+    journey_rows = side_rows(journey_files, "the journey figure")
+    fp8_rows = side_rows(fp8_files, "the fp8 figures")
     os.makedirs(args.out, exist_ok=True)
     written = []
     for c in csvs:
         with open(c, newline="") as f:
             gpus = {r["gpu"] for r in csv.DictReader(f)}
         written += plot_csv(c, args.out, args.roofline_table, args.readme_table,
-                            [r for g in gpus for r in journey_rows.pop(g, [])])
+                            [r for g in gpus for r in journey_rows.pop(g, [])],
+                            [r for g in gpus for r in fp8_rows.pop(g, [])])
     for gpu, rows in journey_rows.items():  # a journey file of a GPU with no other CSV: its figure alone
         written.append(journey(rows, gpu, SPEC.get(short_name(gpu)), os.path.join(args.out,
                                                                                   f"{short_name(gpu)}_journey.png")))
+    for gpu, rows in fp8_rows.items():  # the same for an fp8 file
+        out = lambda name: os.path.join(args.out, f"{short_name(gpu)}_{name}.png")  # noqa: E731
+        written += [ladder_05(rows, gpu, "fp8", out("05_ladder_fp8")), fwd_05(rows, gpu, "fp8", out("05_fwd_fp8"))]
     written = [w for w in written if w]
     for c in io_files:
         rows = io_counters.read_rows(c)

@@ -3,19 +3,21 @@
 # reports, with PyTorch SDPA as the outside baseline, all in one CSV in the project's row format.
 # Run it on a GPU machine after building (see README.md):
 #   scripts/measure.sh [--chapters LIST] [BUILD_DIR] [CSV]   default: all, build, docs/results/<gpu>.csv
-#   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd, journey (04 includes the fp32
+#   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd, 05fp8, journey (04 includes the fp32
 #         PyTorch rows; 05: every forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
-#         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN; journey: every
-#         forward step of 00-05 and PyTorch's flash and cuDNN at one shape, B 4 H 16 N 4096 d 128: docs/journey.md;
-#         alone, its default CSV is docs/results/<gpu>_journey.csv, so that the chapters' own rows stay those of their runs)
+#         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN; 05fp8: the FP8
+#         steps next to step 10 in fp16 and PyTorch's flash and cuDNN (05's README, section 7.11; alone, its default
+#         CSV is docs/results/<gpu>_fp8.csv); journey: every forward step of 00-05 and PyTorch's flash and cuDNN at
+#         one shape, B 4 H 16 N 4096 d 128: docs/journey.md (alone, its default CSV is docs/results/<gpu>_journey.csv).
+#         The two files of their own keep the chapters' own rows those of the chapters' runs.
 # Each command is echoed before it runs, so a README can quote it, with a progress line (step k/N).
 # The new rows replace the rows of CSV with the same kernel and shape; all other rows are kept. CSV is
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
 # All chapters take about 35 minutes on an H100 (measured: 00-04 about 10, 05 5.4, journey under 2, 06 about 3 with the
-# decode GEMMs, 05bwd 8.8 with steps 8, 13 and 14 at every N, 05fwd about 9: 47 of its 56 steps took 7.3).
+# decode GEMMs, 05bwd 8.8 with steps 8, 13 and 14 at every N, 05fwd about 9: 47 of its 56 steps took 7.3; 05fp8 8).
 set -uo pipefail
-usage() { sed -n '2,16s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,19s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=""  # default: every chapter of scripts/chapters.tsv, and 05bwd
 case "${1:-}" in
   -h | --help) usage; exit 0 ;;
@@ -33,8 +35,8 @@ while IFS=$'\t' read -r id folder program _; do
 done < scripts/chapters.tsv
 [ -n "$CHAPTERS" ] || CHAPTERS=$(printf '%s\n' "${!PROGRAM[@]}" 05bwd | sort | paste -sd,)
 for c in ${CHAPTERS//,/ }; do
-  [[ -n ${PROGRAM[$c]:-} || $c =~ ^(05fwd|05bwd|journey)$ ]] ||
-    { echo "measure.sh: --chapters: '$c' is not a chapter of scripts/chapters.tsv ($(printf '%s\n' "${!PROGRAM[@]}" | sort | tr '\n' ' ')) nor 05bwd, 05fwd, journey" >&2; exit 2; }
+  [[ -n ${PROGRAM[$c]:-} || $c =~ ^(05fwd|05fp8|05bwd|journey)$ ]] ||
+    { echo "measure.sh: --chapters: '$c' is not a chapter of scripts/chapters.tsv ($(printf '%s\n' "${!PROGRAM[@]}" | sort | tr '\n' ' ')) nor 05bwd, 05fwd, 05fp8, journey" >&2; exit 2; }
 done
 [ $# -le 2 ] || { echo "measure.sh: at most two arguments (BUILD_DIR, CSV); see --help" >&2; exit 2; }
 B=${1:-build}
@@ -44,6 +46,7 @@ if ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   exit 1
 fi
 chosen=${CHAPTERS//05fwd/05}
+chosen=${chosen//05fp8/05}
 chosen=${chosen//05bwd/05}
 chosen=${chosen//journey/00,01,02,04,05}
 for id in "${!PROGRAM[@]}"; do
@@ -54,6 +57,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 slug=$(echo "${gpu:-unknown}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
 CSV=${2:-docs/results/$slug.csv}
 [ "$CHAPTERS" = journey ] && CSV=${2:-docs/results/${slug}_journey.csv}
+[ "$CHAPTERS" = 05fp8 ] && CSV=${2:-docs/results/${slug}_fp8.csv}
 mkdir -p "$(dirname "$CSV")"
 TMP=$(mktemp "$CSV.XXXXXX") || exit 1
 trap 'rm -f "$TMP"' EXIT
@@ -78,7 +82,7 @@ if [[ ",$CHAPTERS," == *",05bwd,"* ]]; then
   done
 fi
 FP8_STEPS=""
-if [[ ",$CHAPTERS," == *",05fwd,"* ]]; then
+if [[ ",$CHAPTERS," == *",05fwd,"* || ",$CHAPTERS," == *",05fp8,"* ]]; then
   FP8_STEPS=$("$B/05_warp_split_q/warp_split_q" --list-steps 2>/dev/null | awk -F'\t' '$2 == "fp8" { print $1 }')
 fi
 steps=()
@@ -159,13 +163,21 @@ for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
       add 05fwd "$B/05_warp_split_q/warp_split_q --kernel v8_two_row_tiles$HOPPER_STEPS --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --no-previous --iters 10 --warmup 2"
-      # step 11 (FP8), on a GPU that lists it: the same shapes in e4m3, block scales (05's README, section 7)
+      # the FP8 steps, on a GPU that lists them: the same shapes in e4m3, block scales (05's README, section 7);
+      # 05fp8 runs them alone, next to step 10 in fp16 (05fwd has step 10 in the line above)
       if [ -n "$FP8_STEPS" ]; then
-        add 05fwd "$B/05_warp_split_q/warp_split_q --dtype fp8 --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n$c --no-previous --iters 10 --warmup 2"
+        fp8="$B/05_warp_split_q/warp_split_q --dtype fp8 --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n$c --no-previous --iters 10 --warmup 2"
+        add 05fwd "$fp8"
+        if [[ ",$CHAPTERS," != *",05fwd,"* ]]; then
+          add 05fp8 "$B/05_warp_split_q/warp_split_q --kernel v10_pingpong --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --no-previous --iters 10 --warmup 2"
+          add 05fp8 "$fp8"
+        fi
       fi
     done
     for backend in flash cudnn; do
-      add 05fwd "python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --iters 10 --warmup 2"
+      torch="python3 scripts/torch_sdpa.py bench --tokens 16384 --heads $((2048 / d)) --head-dim $d --sizes 512 1024 2048 4096 8192 16384$c --dtype fp16 --backend $backend --iters 10 --warmup 2"
+      add 05fwd "$torch"
+      [[ ",$CHAPTERS," == *",05fwd,"* ]] || add 05fp8 "$torch"
     done
   done
 done

@@ -126,11 +126,12 @@ TEST_CASE("FP8 step: more Q blocks than SMs, launch after launch") {
   }
 }
 
-TEST_CASE("FP8 sanitizer workload: quantisation pass and step 11, ragged, causal, GQA, Hadamard") {
+TEST_CASE("FP8 sanitizer workload: quantisation pass and steps 11-14, ragged, causal, GQA, Hadamard") {
   if (!have_fp8()) return;
   Options o;
   o.hadamard = true;
   check_step(make(1, 4, 2, 113, 203, 128, true), o);
   check_step(make(1, 2, 1, 97, 65, 64, false), {});
   check_step(make(2, 4, 2, 700, 700, 64, true), {});  // 48 items: step 14's blocks run several on a small GPU
+  check_step(make(2, 24, 8, 300, 300, 64, true), {});  // 144 items: more than an H100's 132 SMs
 }

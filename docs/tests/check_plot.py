@@ -7,8 +7,8 @@
 Each NAME is a PNG file name that must be written into OUT_DIR (a fresh, empty folder each run) and must be
 a PNG; with a FIGURES_DIR, the names are those of the PNGs in it, so the script must regenerate exactly the
 committed figures. The test runs it twice (docs/CMakeLists.txt): on docs/tests/ (synthetic_results.csv,
-synthetic_results_journey.csv and synthetic_results_io.csv), invented rows that exercise every code path (chapters
-05 and 06, the journey figure and the Nsight Compute figure included), and on the committed measurements in
+synthetic_results_journey.csv, synthetic_results_fp8.csv and synthetic_results_io.csv), invented rows that exercise
+every code path (chapters 05 and 06, 05's fp8 figures, the journey figure and the Nsight Compute figure included), and on the committed measurements in
 docs/results/ against the committed docs/figures/.
 plot.py runs with --io-table, so the table of docs/io.md is printed (and tested) wherever a *_io.csv exists.
 """
