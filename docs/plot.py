@@ -562,6 +562,11 @@ def roofline(rows, gpu, spec, path, table=False):
 FP16_REFERENCE_STEP = "v10_pingpong"  # what the fp8 steps are measured against: the last fp16 step (05 README §7.12)
 
 
+def attention_shape(r):
+    """A forward row's shape: (B, H, Hkv, Nq, Nk, d, causal)."""
+    return (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"])
+
+
 def fp16_references(rows, shapes):
     """The fp8 figures' yardsticks: the fp16 forward rows of step 10 and of PyTorch's backends at `shapes` (B, H, Hkv,
     Nq, Nk, d, causal), as copies labelled "... (fp16)": fp8 has no PyTorch baseline of its own."""
@@ -569,7 +574,7 @@ def fp16_references(rows, shapes):
     for r in rows:
         if (r["dtype"] == "fp16" and r["pass"] == "fwd" and r["tflops"] > 0
                 and (r["chapter"] == "torch" or (r["chapter"] == "05" and r["kernel"] == FP16_REFERENCE_STEP))
-                and (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"]) in shapes):
+                and attention_shape(r) in shapes):
             refs.append(dict(r, label=f'{r["label"]} (fp16)'))
     return refs
 
@@ -580,7 +585,7 @@ def ladder_05(rows, gpu, dtype, path):
     mine = [r for r in rows if r["chapter"] == "05" and r["dtype"] == dtype and r["pass"] == "fwd" and r["tflops"] > 0]
     if not mine:
         return None
-    shape_of = lambda r: (r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"])  # noqa: E731
+    shape_of = attention_shape
     counts = defaultdict(int)
     for r in mine:
         counts[shape_of(r)] += 1
@@ -667,8 +672,7 @@ def fwd_05(rows, gpu, dtype, path):
                    key=lambda n: LABEL_ORDER.get(n, 10 ** 6))
     shade = {name: plt.cm.viridis(0.9 * k / max(1, len(steps) - 1)) for k, name in enumerate(steps)}
     if dtype == "fp8":  # the yardsticks, at the fp8 rows' shapes: step 10 black, PyTorch's backends dashed
-        sel += fp16_references(rows, {(r["B"], r["H"], r["Hkv"], r["Nq"], r["Nk"], r["d"], r["causal"])
-                                      for r in sel if r["chapter"] == "05"})
+        sel += fp16_references(rows, {attention_shape(r) for r in sel if r["chapter"] == "05"})
 
     def restyle(r, st):
         if r["label"] in shade:

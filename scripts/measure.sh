@@ -162,14 +162,15 @@ done
 for d in 64 128; do
   for c in "" " --causal"; do
     for n in 512 1024 2048 4096 8192 16384; do
-      add 05fwd "$B/05_warp_split_q/warp_split_q --kernel v8_two_row_tiles$HOPPER_STEPS --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --no-previous --iters 10 --warmup 2"
+      shape="--batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n"
+      add 05fwd "$B/05_warp_split_q/warp_split_q --kernel v8_two_row_tiles$HOPPER_STEPS $shape --dtype fp16$c --no-previous --iters 10 --warmup 2"
       # the FP8 steps, on a GPU that lists them: the same shapes in e4m3, block scales (05's README, section 7);
       # 05fp8 runs them alone, next to step 10 in fp16 (05fwd has step 10 in the line above)
       if [ -n "$FP8_STEPS" ]; then
-        fp8="$B/05_warp_split_q/warp_split_q --dtype fp8 --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n$c --no-previous --iters 10 --warmup 2"
+        fp8="$B/05_warp_split_q/warp_split_q --dtype fp8 $shape$c --no-previous --iters 10 --warmup 2"
         add 05fwd "$fp8"
         if [[ ",$CHAPTERS," != *",05fwd,"* ]]; then
-          add 05fp8 "$B/05_warp_split_q/warp_split_q --kernel v10_pingpong --batch $((16384 / n)) --heads $((2048 / d)) --head-dim $d --q-len $n --dtype fp16$c --no-previous --iters 10 --warmup 2"
+          add 05fp8 "$B/05_warp_split_q/warp_split_q --kernel v10_pingpong $shape --dtype fp16$c --no-previous --iters 10 --warmup 2"
           add 05fp8 "$fp8"
         fi
       fi
