@@ -9,7 +9,7 @@
 //   ./warp_split_q --backward                   + every backward step, both dQ modes, next to 04's (BACKWARD.md)
 //   ./warp_split_q --kernel v8_two_row_tiles --block-mask local:512 --q-len 16384   block-sparse step 8
 //   ./warp_split_q --dtype fp8 [--fp8-scale tensor] [--hadamard]   step 11 (sm_90): e4m3 with block (or tensor)
-//                                               scales, Q and K rotated with --hadamard; O in bf16 (README section 7)
+//                                               scales, Q and K rotated with --hadamard; O in bf16 (FP8.md)
 //   ./warp_split_q --list-steps [--backward]    the steps this GPU runs, one a line (what the scripts read)
 // Every chapter program reads the same way: parse -> inputs -> GPU -> run + check -> time -> print.
 #include <algorithm>
@@ -150,7 +150,7 @@ bool run(const fa::Options& opts, const Flags& f, fa::Dtype t, const fa::Problem
   return ok;
 }
 
-// --dtype fp8 (README section 7): the bf16-rounded inputs quantised on the GPU (fp8_quant.cu), then each fp8 step;
+// --dtype fp8 (FP8.md): the bf16-rounded inputs quantised on the GPU (fp8_quant.cu), then each fp8 step;
 // O (bf16) and LSE checked with the fp8 rule (fp8_model.hpp: at most 2x the plain fp8 attention's error vs fp64,
 // plus the floors). The timed row is the attention alone (as FP8 attention is measured: its inputs arrive
 // quantised); the quantisation pass is timed on a row of its own.

@@ -1,4 +1,4 @@
-// Step 11's quantisation pass (README section 7): bf16 Q, K, V -> e4m3 bytes and scales. One block of 128
+// Step 11's quantisation pass (FP8.md): bf16 Q, K, V -> e4m3 bytes and scales. One block of 128
 // threads per 128-row block of one (batch, head) plane; thread r owns row r of the block (its d values in registers:
 // the Hadamard rotation needs the whole row):
 //   load:     the block's 128 x d bf16 tile copied into shared memory by all threads in 16-byte pieces (consecutive

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // line 2
   float acc[D / 2] = {}, s_acc[Bc / 2] = {};                // O~ (m64nD C fragment) and S (m64n128)
-  // PV = P8 V8 of one tile, in its own accumulator: the e4m3 wgmma adds with about 14 bits (README §7.10), so O~ is
+  // PV = P8 V8 of one tile, in its own accumulator: the e4m3 wgmma adds with about 14 bits (FP8.md §10), so O~ is
   // summed in fp32 here; f (per row) takes O~ into the units of the next PV.
   float pv[D / 2] = {}, f[2] = {0.f, 0.f};
   // S in base-2 units, Q's descale folded in (K's per tile, in softmax()).

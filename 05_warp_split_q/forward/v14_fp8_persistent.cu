@@ -5,9 +5,10 @@
 // ("work items") one after another: the producer loads the next item's Q into a second buffer and its first K/V tiles
 // while the consumers still compute the current one, and the ping-pong goes on across items. Items are handed out by
 // a counter in global memory, so a block that finishes early takes the next one; with a causal mask the longest
-// items (the last Q blocks, which see the most keys) go first, so the short ones fill the end. On the H100 (README
-// §7.11), against step 13: +9-21 % at d = 64 without a mask; causal from N = 4096 on +5 % (d = 128) and +9-23 %
-// (d = 64); level or 2-3 % slower at d = 128 without a mask; 9-13 % slower at d = 128 causal with N <= 2048.
+// items (the last Q blocks, which see the most keys) go first, so the short ones fill the end. On the H100 (FP8.md
+// §11), against step 13: +9-21 % at d = 64 without a mask; causal from N = 4096 on +5 % (d = 128) and +9-23 %
+// (d = 64); level or 2-3 % slower at d = 128 without a mask; 9-13 % slower at d = 128 causal with N <= 2048, where
+// this order of the items reads every K/V tile from memory once per Q block.
 // `diff v13_fp8_scales_ahead.cu v14_fp8_persistent.cu` is the lesson.
 //
 // Computes, for each work item (Q block Q_i of Br = 128 rows, head h, batch b), per consumer warpgroup, the lines of
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 1) named_bar_arrive(other_turn, kConsumerThreads);
 
   float s_acc[Bc / 2] = {};  // S (m64n128)
-  // PV = P8 V8 of one tile, in its own accumulator: the e4m3 wgmma adds with about 14 bits (README §7.10), so O~ is
+  // PV = P8 V8 of one tile, in its own accumulator: the e4m3 wgmma adds with about 14 bits (FP8.md §10), so O~ is
   // summed in fp32 here; f (per row) takes O~ into the units of the next PV.
   float pv[D / 2] = {}, f[2] = {0.f, 0.f};
   uint32_t pf[kStepsPV][4];  // P8_i(j-1) as A fragments (4 e4m3 a register): read by the P V issued in iteration j
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Read through a shuffle, like wg: ptxas then knows the item is the same in every lane, and so are the tile
     // counts and buffer indices that follow from it, which stay in uniform registers, where the wgmma descriptors
     // must be (read from shared memory alone, it made every descriptor non-uniform: ~60 instructions rebuilt them
-    // after the turn barrier, README §7.11).
+    // after the turn barrier, FP8.md §11).
     const int item = __shfl_sync(0xffffffffu, item_in[qb], 0);
     if (item >= n_items) break;
     const Item it = item_of(item, p, tiles_q);

@@ -170,7 +170,7 @@ void check_not_fp8_steps(const std::string& kernel) {
   for (const std::string& name : split_names(kernel))
     for (const char* fp8_name : kFp8StepNames)
       if (name == fp8_name)
-        throw fa::UsageError(std::string(fp8_name) + " takes --dtype fp8 only (e4m3 inputs; README section 7)");
+        throw fa::UsageError(std::string(fp8_name) + " takes --dtype fp8 only (e4m3 inputs; FP8.md)");
 }
 
 }  // namespace wsq

@@ -41,7 +41,7 @@ template <class T>
 void forward_block_sparse(const fa::Problem& p, const T* q, const T* k, const T* v, T* o, float* lse,
                           const uint8_t* block_mask);
 
-// ---- step 11 (FP8, README section 7): its own list, as its host function takes the quantised tensors ----
+// ---- step 11 (FP8, FP8.md): its own list, as its host function takes the quantised tensors ----
 using Fp8ForwardFn = void (*)(const fa::Problem&, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 using Fp8Step = fa::Step<Fp8ForwardFn>;  // dtypes "fp8", arch sm_90a
 // Step 11 on an sm_90 GPU of a build with FA_HOPPER; empty elsewhere.

@@ -1,4 +1,4 @@
-// The FP8 accuracy lab (README section 7.6), on the CPU: O of one attention computed five ways against the fp64
+// The FP8 accuracy lab (FP8.md section 6), on the CPU: O of one attention computed five ways against the fp64
 // reference, on the FA3 paper's inputs - Q, K, V ~ N(0, 1) with 0.1% of the entries drawn from N(0, 10^2) - and on
 // the same inputs without outliers. RMSE and max |error| of O for: fp16 (the arithmetic of step 10: inputs, S's
 // products and P in fp16, fp32 accumulation), fp8 with one scale per tensor, fp8 with one scale per 128-row block,
@@ -7,7 +7,7 @@
 // --gpu (an sm_90 GPU): the same inputs through the GPU's quantisation pass and every fp8 step (steps 11-14):
 // each fp8 row then gives the kernels' RMSE next to the model's, and the program fails (exit 1) when a kernel's
 // RMSE is off the model's by more than kAgree: the kernels multiply the model's bytes, only the order of the fp32
-// sums and the exp2 approximation differ, so their error must be the model's (README section 7.6).
+// sums and the exp2 approximation differ, so their error must be the model's (FP8.md section 6).
 //   ./fp8_lab                                 B=1 H=4 N=1024 d=128 (the README's table)
 //   ./fp8_lab --head-dim 64 --causal --csv FILE
 //   ./fp8_lab --gpu --csv FILE                the same table measured on the kernels (docs/results/<gpu>_fp8_lab.csv)
@@ -72,7 +72,7 @@ int main(int argc, char** argv) try {
   defaults.problem.batch = 1, defaults.problem.heads = 4, defaults.problem.q_len = 1024, defaults.problem.head_dim = 128;
   fa::Cli cli("fp8_lab",
               "Chapter 05's FP8 accuracy lab on the CPU: RMSE and max error of O vs fp64 for fp16, fp8 per tensor, "
-              "fp8 per block, and both with the Hadamard rotation, with and without 0.1% outliers (README section 7)",
+              "fp8 per block, and both with the Hadamard rotation, with and without 0.1% outliers (FP8.md)",
               defaults);
   cli.extend_help("--head-dim", "64 or 128");
   bool gpu = false;

@@ -1,7 +1,7 @@
 // Step 11 (FP8) in plain C++: the quantisation pass (block or tensor scales, the optional Hadamard rotation of Q
 // and K, V transposed and its keys permuted) producing the same bytes as forward/fp8_quant.cu, and a plain fp8
 // attention on those bytes - e4m3 products accumulated in fp32, the descales folded into S and O, P rounded to
-// e4m3 with the fixed scale kPScale - that the error rule compares step 11 with (README section 7). Plus the
+// e4m3 with the fixed scale kPScale - that the error rule compares step 11 with (FP8.md). Plus the
 // check the program and the tests apply: O and LSE against the fp64 reference of the unquantised inputs, at most
 // 2x the plain fp8 attention's error plus a floor.
 #pragma once
