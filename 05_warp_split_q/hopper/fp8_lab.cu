@@ -8,7 +8,7 @@
 // each fp8 row then gives the kernels' RMSE next to the model's, and the program fails (exit 1) when a kernel's
 // RMSE is off the model's by more than kAgree: the kernels multiply the model's bytes, only the order of the fp32
 // sums and the exp2 approximation differ, so their error must be the model's (FP8.md section 6).
-//   ./fp8_lab                                 B=1 H=4 N=1024 d=128 (the README's table)
+//   ./fp8_lab                                 B=1 H=4 N=1024 d=128 (FP8.md §6's table)
 //   ./fp8_lab --head-dim 64 --causal --csv FILE
 //   ./fp8_lab --gpu --csv FILE                the same table measured on the kernels (docs/results/<gpu>_fp8_lab.csv)
 //   ./fp8_lab --heads 1 --q-len 4096 --seed 3  a longer sequence, another draw of the inputs
@@ -114,7 +114,7 @@ int main(int argc, char** argv) try {
   bool agree = true;
   for (double outliers : {0.001, 0.0}) {
     const char* label = outliers > 0 ? "N(0,1), 0.1% from N(0,10^2)" : "N(0,1)";
-    // --seed s draws another set of inputs (s = 0: the README's table); the outliers' ratio moves with the draw.
+    // --seed s draws another set of inputs (s = 0: FP8.md §6's table); the outliers' ratio moves with the draw.
     const uint64_t seed = 101 + 3 * p.seed;
     const auto q = wsq::fp8::lab_inputs(p.q_elems(), seed, outliers);
     const auto k = wsq::fp8::lab_inputs(p.kv_elems(), seed + 1, outliers);

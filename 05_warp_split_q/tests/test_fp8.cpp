@@ -1,7 +1,7 @@
 // Step 11's CPU side (hopper/fp8.hpp, hopper/fp8_model.hpp): the e4m3 format, the permutation that makes S's
 // accumulator registers the A operand of an 8-bit wgmma, the Hadamard rotation (orthogonal, Q K^T unchanged), and
 // the model quantise -> attention -> dequantise against the fp64 reference: the error rule's plain fp8 attention
-// must itself be close to fp64, block scales and the rotation must help where the README says they do.
+// must itself be close to fp64, block scales and the rotation must help where FP8.md says they do.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -113,7 +113,7 @@ double model_err(const fa::Problem& p, const Options& o, const std::vector<float
 }
 }  // namespace
 
-TEST_CASE("model: quantise -> attention -> dequantise against fp64: close, and each idea where the README says") {
+TEST_CASE("model: quantise -> attention -> dequantise against fp64: close, and each idea where FP8.md says") {
   for (int d : {64, 128})
     for (bool causal : {false, true}) {
       const fa::Problem p = make(2, 1, 97, 203, d, causal);
