@@ -1,5 +1,5 @@
 // What every CPU emulation of the chapters' kernels needs besides its scheduler (common/emu_warp.hpp for the sm_80
-// instructions, chapter 05's emu/emu_sm90.hpp for Hopper's): CUDA's keywords as nothing, and the 16-bit values of
+// instructions, chapter 05's tests/emu/emu_sm90.hpp for Hopper's): CUDA's keywords as nothing, and the 16-bit values of
 // either dtype - emu::IsHalf<T> tells a kernel's 16-bit type T as fp16 (fa::half_t here; a chapter that uses CUDA's
 // __half specialises it) or bf16.
 #pragma once
@@ -36,7 +36,7 @@ inline uint16_t bits16(float x, bool half) {
 inline float value16(uint16_t b, bool half) { return half ? fa::to_float(fa::half_t{b}) : fa::to_float(fa::bfloat16_t{b}); }
 }  // namespace emu
 
-// A warp's shuffle: each emulation defines it with its scheduler (emu_warp.hpp, chapter 05's emu/emu_sm90.hpp).
+// A warp's shuffle: each emulation defines it with its scheduler (emu_warp.hpp, chapter 05's tests/emu/emu_sm90.hpp).
 inline float __shfl_xor_sync(unsigned mask, float x, int lane_mask);
 
 namespace fa::tc {

@@ -1,6 +1,6 @@
 // The CPU emulation of the part of CUDA that the chapters' sm_80 kernels use, so that a CPU test runs a kernel's own
 // source - its index arithmetic, tile loops, masks, barriers and pipelines - on a machine without a GPU (chapter 05's
-// emu/emu.hpp and chapter 06's tests/emu/emu.hpp add their launches to it):
+// tests/emu/emu.hpp and chapter 06's tests/emu/emu.hpp add their launches to it):
 //   * every GPU thread of a block is a context of its own (below); __syncthreads is a barrier of the block;
 //   * the warp-wide instructions (shuffles, ldmatrix, movmatrix, mma.sync) exchange values through a per-warp table
 //     and a barrier of the warp's 32 threads, and compute what the PTX ISA defines (the rules are written out below,

@@ -5,7 +5,7 @@
 // Fragment maps: frag.hpp.
 // Requires sm_80 or newer (mma m16n8k16 with bf16, cp.async). The shared-memory instructions carry a "memory"
 // clobber: the compiler may not move them across the plain C++ stores and loads of the same tiles.
-#ifndef FA_PTX_CUH  // a guard, not #pragma once: chapter 05's CPU emulation (emu/) provides its own version
+#ifndef FA_PTX_CUH  // a guard, not #pragma once: chapter 05's CPU emulation (tests/emu/) provides its own version
 #define FA_PTX_CUH
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,6 +1,6 @@
 // The host-side pieces every backward file shares, free of CUDA headers: a step's pair of K/V-block kernels, the
 // driver run_backward (backward.cu), the deterministic dQ kernel's run_dq (bwd_dq.cu), and the instantiation macro.
-// Include after fa::CudaType is declared (lowp.cuh, or emu/emu.hpp for the CPU emulation): bwd_launch.cuh does.
+// Include after fa::CudaType is declared (lowp.cuh, or tests/emu/emu.hpp for the CPU emulation): bwd_launch.cuh does.
 #pragma once
 #include <cstddef>
 

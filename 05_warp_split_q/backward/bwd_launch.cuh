@@ -1,5 +1,5 @@
 // The backward's host side on a GPU: launching a kernel (with the opt-in for more than 48 KiB of dynamic shared
-// memory, checked), zeroing dQ, and the 16-bit -> fp32 widening of the D kernel. emu/emu_bwd.hpp provides the same
+// memory, checked), zeroing dQ, and the 16-bit -> fp32 widening of the D kernel. tests/emu/emu_bwd.hpp provides the same
 // names for the CPU emulation, which is why this is a guard and not #pragma once.
 #ifndef WSQ_BWD_LAUNCH_CUH
 #define WSQ_BWD_LAUNCH_CUH

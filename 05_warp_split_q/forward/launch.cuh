@@ -1,7 +1,7 @@
 // Host side shared by the step files: the grid every step uses (one block per Q block, head and batch, as in
 // chapter 04), the opt-in for more than 48 KiB of dynamic shared memory, and the pointer casts from the host's
 // 16-bit types to CUDA's.
-#ifndef WSQ_LAUNCH_CUH  // a guard, not #pragma once: emu/emu.hpp provides a CPU version of this header
+#ifndef WSQ_LAUNCH_CUH  // a guard, not #pragma once: tests/emu/emu.hpp provides a CPU version of this header
 #define WSQ_LAUNCH_CUH
 #include <cuda_runtime.h>
 

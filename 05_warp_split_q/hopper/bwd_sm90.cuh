@@ -10,7 +10,7 @@
 //   * the launch of a kernel of any signature (the backward's kernels take five tensor maps);
 //   * step 14's turn-taking on a counter in global memory: an acquire load in a loop, a release add.
 // PTX ISA sections: "wgmma.mma_async" (imm-trans-a, imm-trans-b), "cp.reduce.async.bulk", "cp.async.bulk.wait_group",
-// "fence.proxy.async", "ld" (.acquire), "red" (.release), "Memory Consistency Model". emu/emu_sm90_bwd.hpp provides
+// "fence.proxy.async", "ld" (.acquire), "red" (.release), "Memory Consistency Model". tests/emu/emu_sm90_bwd.hpp provides
 // the same names for the CPU emulation (hence the guard).
 #ifndef WSQ_BWD_SM90_CUH
 #define WSQ_BWD_SM90_CUH

@@ -2,7 +2,7 @@
 // tensor's shape and strides in global memory and the box one copy moves; the kernel then names a box by its
 // coordinates. The driver function that builds it (cuTensorMapEncodeTiled) is fetched through the runtime, so
 // the program needs no extra library at link time.
-#ifndef WSQ_TMA_HOST_CUH  // a guard, not #pragma once: emu/emu_sm90.hpp provides a CPU version of this header
+#ifndef WSQ_TMA_HOST_CUH  // a guard, not #pragma once: tests/emu/emu_sm90.hpp provides a CPU version of this header
 #define WSQ_TMA_HOST_CUH
 #include <cuda.h>
 #include <cuda_runtime.h>

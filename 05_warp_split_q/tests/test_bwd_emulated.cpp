@@ -1,4 +1,4 @@
-// The backward kernels themselves, run on the CPU through emu/emu_bwd.hpp (emu/emu.hpp: every GPU thread a
+// The backward kernels themselves, run on the CPU through tests/emu/emu_bwd.hpp (tests/emu/emu.hpp: every GPU thread a
 // cooperative context, barriers, shuffles, ldmatrix and mma.sync computed from the PTX ISA's rules, cp.async landing
 // only when a wait lets its group complete): every step x both dQ modes x fp16/bf16 x head_dim 64/128 on small
 // ragged shapes, causal with rows that see no key, GQA/MQA, large logits, and the dQ kernel alone on longer ones,

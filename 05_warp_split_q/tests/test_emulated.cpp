@@ -1,4 +1,4 @@
-// The kernels themselves, run on the CPU through emu/emu.hpp (one std::thread per GPU thread; warp-wide
+// The kernels themselves, run on the CPU through tests/emu/emu.hpp (one std::thread per GPU thread; warp-wide
 // instructions computed from the PTX ISA's rules): every step x fp16/bf16 x head_dim 64/128 on small ragged
 // shapes, causal with rows that see no key, GQA, large logits, outputs NaN-poisoned, judged by the same rule
 // as the GPU tests (check.hpp). This is what lets the chapter's index arithmetic, masks, buffers and barriers

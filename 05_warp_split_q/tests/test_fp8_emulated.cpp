@@ -1,5 +1,5 @@
 // Steps 11 to 14 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu), run on the
-// CPU through emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// CPU through tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
 // tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
 // model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
 // rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
@@ -7,13 +7,13 @@
 // per-block and per-tensor scales, with and without the Hadamard rotation; a negative softmax scale (step 12 takes
 // the minimum of S then); enough K/V tiles that each of step 12's three buffers is reused; 128 K/V tiles of positive
 // products, where an O~ kept in the e4m3 wgmma's accumulator across all tiles comes out too small (the emulation
-// models that accumulator's truncation, emu/emu_sm90.hpp).
+// models that accumulator's truncation, tests/emu/emu_sm90.hpp).
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <string>
 
-#include "emu/emu_schedule.hpp"
+#include "tests/emu/emu_schedule.hpp"
 #include "forward/steps.hpp"
 #include "hopper/fp8_model.hpp"
 

@@ -1,4 +1,4 @@
-// The backward's Hopper steps 9-14 themselves, run on the CPU through emu/emu_sm90_bwd.hpp (every GPU thread a
+// The backward's Hopper steps 9-14 themselves, run on the CPU through tests/emu/emu_sm90_bwd.hpp (every GPU thread a
 // cooperative context; the producer and the MMA warpgroups meet at emulated mbarriers, the dQ writer warp at named
 // barriers; TMA, wgmma and the bulk reduce-add land as late as the PTX ISA allows): both dtypes, head_dim 64 and
 // 128, ragged lengths, causal with Q blocks that see no key, GQA (dK, dV summed over the group), large logits, a
@@ -13,7 +13,7 @@
 
 #include "program.hpp"
 
-#include "emu/emu_schedule.hpp"
+#include "tests/emu/emu_schedule.hpp"
 
 #include "backward/bwd_steps.hpp"
 #include "bwd_testing.hpp"

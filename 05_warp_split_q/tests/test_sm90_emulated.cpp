@@ -1,4 +1,4 @@
-// Steps 9 and 10 themselves, run on the CPU through emu/emu_sm90.hpp (every GPU thread a cooperative context; the
+// Steps 9 and 10 themselves, run on the CPU through tests/emu/emu_sm90.hpp (every GPU thread a cooperative context; the
 // producer and the consumers meet at emulated mbarriers; TMA and wgmma computed from the PTX ISA's rules): both
 // dtypes, head_dim 64 and 128, ragged lengths (q_len != kv_len, tails of tiles), causal with rows that see no key,
 // GQA, large logits, outputs NaN-poisoned, judged by the rule of the GPU tests (check.hpp). No H100 needed; it says
@@ -12,7 +12,7 @@
 
 #include "random.hpp"
 
-#include "emu/emu_schedule.hpp"
+#include "tests/emu/emu_schedule.hpp"
 
 #include "forward/check.hpp"
 #include "forward/steps.hpp"

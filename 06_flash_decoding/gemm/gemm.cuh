@@ -77,7 +77,7 @@ inline int flat_splits(int m, int n, int k, int sms, int slots) {
 
 // The kernels' host functions (one per file; each launches through steps/ready.cuh's launch_kernel, so that the
 // emulation of 06's tests/emu/emu.hpp runs the same source on the CPU; flat_wgmma through chapter 05's
-// hopper/tma_host.cuh, emulated by 05's emu/emu_sm90.hpp).
+// hopper/tma_host.cuh, emulated by 05's tests/emu/emu_sm90.hpp).
 namespace gemv { void launch(const Args& a); }
 namespace flat {
 void launch(const Args& a);

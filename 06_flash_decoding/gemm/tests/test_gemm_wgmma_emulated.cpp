@@ -1,5 +1,5 @@
 // flat_wgmma.cu's own source on the CPU, under chapter 05's emulation of the Hopper pieces (../../05_warp_split_q/
-// emu/emu_sm90.hpp): the producer and the two consumer warpgroups as cooperative threads, the mbarriers' phases and
+// tests/emu/emu_sm90.hpp): the producer and the two consumer warpgroups as cooperative threads, the mbarriers' phases and
 // transaction bytes, TMA boxes landing (swizzled, clipped to the tensor) only when their barrier is waited on, wgmma
 // reading both operands through the kernel's descriptors, its product landing only at the wait that retires it, and
 // a split K's pieces run together as one cluster, each block with its own shared memory (NaN once it has exited).
