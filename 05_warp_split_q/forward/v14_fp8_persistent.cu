@@ -5,7 +5,8 @@
 // ("work items") one after another: the producer loads the next item's Q into a second buffer and its first K/V tiles
 // while the consumers still compute the current one, and the ping-pong goes on across items. Items are handed out by
 // a counter in global memory, so a block that finishes early takes the next one; with a causal mask the longest
-// items (the last Q blocks, which see the most keys) go first, so the short ones fill the end. On the H100 (FP8.md
+// items (the last Q blocks, which see the most keys) go first within groups of heads, so the short ones fill the end
+// of each group and the K/V of a group stays in L2 (handed_out). On the H100 (FP8.md
 // §11), against step 13: +9-21 % at d = 64 without a mask; causal from N = 4096 on +5 % (d = 128) and +9-23 %
 // (d = 64); level or 2-3 % slower at d = 128 without a mask; 9-13 % slower at d = 128 causal with N <= 2048, where
 // this order of the items reads every K/V tile from memory once per Q block.
@@ -14,8 +15,9 @@
 // Computes, for each work item (Q block Q_i of Br = 128 rows, head h, batch b), per consumer warpgroup, the lines of
 // README Algorithm 1 as step 13 does; what changes is around them:
 //   items     item 0 .. Tr H B - 1: causal, the last Q block of every head first (most keys first); otherwise
-//             one head after another (the blocks running together share K/V in L2). Block k's first item is k; the
-//             producer requests the next from the counter while it loads the current one
+//             one head after another (the blocks running together share K/V in L2). The producer's kth take from
+//             the counter is item handed_out(k): causal, groups of heads one after another, longest Q blocks first
+//             within a group. Block k's first take is k; the producer requests the next while it loads the current
 //   producer  its nth item: wait empty_q[nth % 2], write the index next to Q buffer nth % 2, TMA Q8_i into it; then
 //             K8_j, Vt8_j into buffer (its tiles so far) % 3, counted across items. An index past the last item
 //             tells the consumers to stop; the last block to see it sets the counter back to 0 for the next launch
@@ -46,10 +48,17 @@ constexpr int kRowsPerConsumer = Br / kConsumers;
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (warpgroup 2)
 // Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. The
-// block starts with 384 x 168 = 64,512 registers and keeps that total: 128 x 40 + 256 x 232 = 64,512.
+// block starts with 384 x 168 = 64,512 registers and keeps that total: 128 x 40 + 256 x 232 = 64,512. At d = 128
+// the consumers' S, PV and O~ and the bookkeeping of the items need more than 232 (ptxas spilled 24 bytes a thread,
+// reloaded in the tile loop), so the producer gives up 16: 128 x 24 + 256 x 240 = 64,512. ptxas still reports spills
+// at d = 128 (40 bytes stored); they grow and shrink with the producer's code (handed_out), not the consumers'.
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // what __launch_bounds__(kThreads, 1) gives each thread
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+template <int D>
+constexpr int kProducerRegs = D == 128 ? 24 : 40;
+template <int D>
+constexpr int kConsumerRegs = D == 128 ? 240 : 232;
+static_assert(128 * kProducerRegs<128> + kConsumerThreads * kConsumerRegs<128> <= kThreads * kLaunchRegs &&
+                  128 * kProducerRegs<64> + kConsumerThreads * kConsumerRegs<64> <= kThreads * kLaunchRegs,
               "setmaxnreg only moves registers the block already holds: more would make the consumers wait forever");
 constexpr int kStages = 3;               // K/V buffers: the tile being computed and two being loaded
 constexpr int kQBuffers = 2;             // Q8 buffers: the item being computed and the next
@@ -87,6 +96,29 @@ __device__ __forceinline__ Item item_of(int item, const fa::Problem& p, int tile
   const int x = p.causal ? tiles_q - 1 - item / planes : item % tiles_q;
   const int plane = p.causal ? item % planes : item / tiles_q;
   return {x, plane % p.heads, plane / p.heads};
+}
+
+// The order the producer hands the items out in: the counter's kth take -> the item number above (what the consumers
+// decode with item_of). Without a mask the same number. Causal, two wishes pull apart: the longest items should go
+// first, so that the short ones fill the end of the launch; and the items that run together should share K and V,
+// so that L2 serves them. item_of's order alone (longest first across all planes) gives the first and loses the
+// second: at N <= 2048 every Q block then reads its K/V from memory. So the planes (head, batch) are cut into groups
+// of about G = 4 x blocks / Tr, and within a group the Q blocks go longest first, across its planes. A group's K/V
+// is then about 4 x blocks x 2 Bc d bytes whatever N (17 MiB at d = 128 on 132 SMs: it stays in L2 while the group
+// runs), and the last group still holds about 2 Tr tiles per block, twice its longest item. The groups differ by at
+// most one plane: the first planes % groups of them have one more. Only the producer computes this.
+__device__ __forceinline__ int handed_out(int take, const fa::Problem& p, int tiles_q) {
+  if (!p.causal) return take;
+  const int planes = p.batch * p.heads;
+  const int wanted = min(planes, (4 * int(gridDim.x) + tiles_q - 1) / tiles_q);
+  const int groups = (planes + wanted - 1) / wanted;
+  const int size_small = planes / groups, groups_big = planes % groups;  // groups_big groups of size_small + 1 first
+  const int takes_big = groups_big * (size_small + 1) * tiles_q;
+  const bool big = take < takes_big;
+  const int size = big ? size_small + 1 : size_small, rest = big ? take : take - takes_big;
+  const int group = rest / (size * tiles_q), in_group = rest % (size * tiles_q);
+  const int plane = (big ? 0 : takes_big / tiles_q) + group * size + in_group % size;
+  return in_group / size * planes + plane;  // Q block Tr - 1 - in_group / size of the plane, numbered as item_of reads it
 }
 
 // Shared memory, in order: 2 Q8 buffers, K8 buffers, Vt8 buffers (each a multiple of 1024 bytes: every panel starts
@@ -143,12 +175,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // the only block-wide barrier: afterwards producer and consumers meet only at mbarriers
 
   if (wg == kConsumers) {  // the producer warpgroup
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<kProducerRegs<D>>();
     if (warp % 4 != 0 || lane != 0) return;
-    int item = blockIdx.x, loaded = 0;  // loaded: K/V tiles so far, over all items (buffer loaded % kStages)
+    int take = blockIdx.x, loaded = 0;  // loaded: K/V tiles so far, over all items (buffer loaded % kStages)
     for (int nth = 0;; ++nth) {         // this block's nth item
       const int qb = nth % kQBuffers;
       mbar_wait(&empty_q[qb], ((nth / kQBuffers) & 1) ^ 1);  // the consumers are done with its item nth - 2
+      const int item = take < n_items ? handed_out(take, p, tiles_q) : n_items;
       item_in[qb] = item;  // published by the arrive below (release), read after the consumers' wait (acquire)
       if (item >= n_items) {
         mbar_arrive(&full_q[qb]);  // no bytes: the consumers read the index, past the end, and stop
@@ -172,12 +205,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_expect_tx(&full_v[s], L::v_tile_bytes);  // Vt8 rows 0 .. D - 1, keys tile * Bc .. + 127
         tma_load_3d(Vs + s * L::v_tile_bytes, &tm_v, &full_v[s], tile * Bc / 2, 0, plane);
       }
-      item = next;
+      take = next;
     }
   }
 
   // Consumers. Warpgroup wg owns rows 64 wg .. 64 wg + 63 of every item; this thread rows r0 and r0 + 8.
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<kConsumerRegs<D>>();
   const int g = frag::group(lane), t = frag::thread_in_group(lane);
   const int r0 = kRowsPerConsumer * wg + 16 * (warp % 4) + g;
   const int tiles_k = fp8::tiles(p.kv_len);

@@ -113,6 +113,8 @@ TEST_CASE("emulated FP8 step 14: one block runs many items of different lengths,
     for (int launch = 0; launch < 2; ++launch)
       check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, p, {}, 1.0, 0.0, false);
     check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, rows_without_keys, {}, 1.0, 0.0, false);
+    check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, make(7, 1, 200, 200, 64, true), {}, 1.0, 0.0,
+              false);  // causal: 7 heads in groups of 4 and 3 (handed_out)
     check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, make(4, 2, 257, 200, 128, false), {}, 1.0, 0.01,
               false);
   }
