@@ -22,7 +22,7 @@ def run(*args):
 
 class TorchSdpaCli(unittest.TestCase):
     def test_help_without_torch(self):
-        for args in (["--help"], ["-h"], ["bench", "--help"], ["check", "--help"]):
+        for args in (["--help"], ["-h"], ["bench", "--help"], ["check", "--help"], ["gemm", "--help"]):
             r = run(*args)
             self.assertEqual(r.returncode, 0, args)
             self.assertIn("usage", r.stdout)
@@ -33,10 +33,16 @@ class TorchSdpaCli(unittest.TestCase):
                                    "cudnn"])
         self.assertEqual((a.q_len, a.sizes, a.kv_heads, a.dtype, a.backend), (1, [4096, 131072], 8, "fp16", "cudnn"))
         self.assertEqual(torch_sdpa.parse_args(["bench"]).kv_heads, 16)  # default: no GQA
+        g = torch_sdpa.parse_args(["gemm"])
+        self.assertEqual((g.size, g.dtype), ([8192], "fp8"))
+        self.assertEqual(torch_sdpa.parse_args(["gemm", "--size", "64", "128", "96", "--dtype", "fp16"]).size,
+                         [64, 128, 96])
 
     def test_bad_usage_exits_2(self):
         for args in (["bench", "--dtype", "fp8"], ["bench", "--backend", "xformers"], ["bench", "--heads", "6",
-                     "--kv-heads", "4"], ["bench", "--q-len", "0"], ["bench", "--sizes", "-5"], ["nope"], []):
+                     "--kv-heads", "4"], ["bench", "--q-len", "0"], ["bench", "--sizes", "-5"], ["nope"], [],
+                     ["gemm", "--size", "0"], ["gemm", "--size", "64", "64"], ["gemm", "--dtype", "fp32"],
+                     ["gemm", "--size", "100"]):
             self.assertEqual(run(*args).returncode, 2, args)
 
     def test_check_and_bench_fail_without_torch_or_gpu(self):
@@ -45,7 +51,7 @@ class TorchSdpaCli(unittest.TestCase):
             self.skipTest("PyTorch is installed here")
         except ImportError:
             pass
-        for args in (["check", "/no/such/build"], ["bench"]):
+        for args in (["check", "/no/such/build"], ["bench"], ["gemm"], ["gemm", "--dtype", "fp16", "--size", "64"]):
             r = run(*args)
             self.assertEqual(r.returncode, 1, args)
             self.assertIn("PyTorch is not installed", r.stderr)

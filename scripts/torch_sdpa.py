@@ -14,10 +14,15 @@
                 cudnn, efficient, math; default: the one torch picks); the rows name it in `kernel`
                 (sdpa_flash, ...). --q-len fixes the query length (e.g. 1 for decoding) while --sizes
                 are the key/value lengths; --kv-heads < --heads runs GQA (enable_gqa).
+  gemm          Time one plain GEMM, C = A B^T with A M x K and B N x K, in cuBLAS through PyTorch (fp16 or
+                bf16: torch.matmul; fp8: torch._scaled_mm on e4m3 with unit scales, bf16 out), the same way:
+                the tensor cores' rate with nothing between the products, the yardstick of 05's FP8.md §12.
 
 Decoding baseline (chapter 06), for example:
   torch_sdpa.py bench --q-len 1 --sizes 4096 32768 131072 --batch 8 --heads 32 --kv-heads 8 \\
                 --head-dim 128 --dtype fp16 --backend flash --csv rows.csv
+
+  torch_sdpa.py gemm --size 8192 --dtype fp8
 
 Needs PyTorch with CUDA and NumPy; --help works without them. Exit codes: 0 ok, 1 failed check or
 no GPU/PyTorch, 2 bad usage.
@@ -168,7 +173,18 @@ def parse_args(argv):
     b.add_argument("--iters", type=positive, default=20)
     b.add_argument("--warmup", type=non_negative, default=3)
     b.add_argument("--csv", help="append the rows to this CSV file")
+    g = sub.add_parser("gemm", help="time one GEMM in cuBLAS (through PyTorch): the tensor cores' yardstick")
+    g.add_argument("--size", type=positive, nargs="+", default=[8192], metavar="S",
+                   help="M = N = K = S; or three values M N K (default 8192)")
+    g.add_argument("--dtype", choices=["fp16", "bf16", "fp8"], default="fp8")
+    g.add_argument("--iters", type=positive, default=20)
+    g.add_argument("--warmup", type=non_negative, default=3)
     a = ap.parse_args(argv)
+    if a.cmd == "gemm":
+        if len(a.size) not in (1, 3):
+            ap.error(f"--size takes one value (M = N = K) or three (M N K), got {len(a.size)}")
+        if a.dtype == "fp8" and any(x % 16 for x in a.size):
+            ap.error(f"--dtype fp8: cuBLAS's e4m3 GEMM needs M, N, K multiples of 16 (got {a.size})")
     if a.cmd == "bench":
         a.kv_heads = a.kv_heads or a.heads
         if a.tokens and any(a.tokens % n for n in a.sizes):
@@ -184,8 +200,28 @@ def need_cuda_torch():
     except ImportError:
         sys.exit("torch_sdpa.py: PyTorch is not installed (pip install torch); it is needed for check and bench")
     if not torch.cuda.is_available():
-        sys.exit("torch_sdpa.py: PyTorch sees no CUDA GPU; check and bench run on one")
+        sys.exit("torch_sdpa.py: PyTorch sees no CUDA GPU; check, bench and gemm run on one")
     return torch
+
+
+def median_ms(torch, fn, warmup, iters, flush):
+    """fn's time in ms by CUDA events: warmup calls, then the median of iters, the L2 flushed before each."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times)[len(times) // 2]
+
+
+def new_flush(torch):
+    return torch.empty(2 * 64 * 2**20, dtype=torch.int8, device="cuda")  # 128 MiB: more than any L2
 
 
 def sdpa_reference(torch, q, k, v, causal, scale, lens=None):
@@ -301,7 +337,7 @@ def bench(a):
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backend_ctx = lambda: sdpa_kernel(getattr(SDPBackend, BACKENDS[a.backend]))  # noqa: E731
-    flush = torch.empty(2 * 64 * 2**20, dtype=torch.int8, device="cuda")
+    flush = new_flush(torch)
     rows, ok = [], True
     for nk in a.sizes:
         nq = a.q_len or nk
@@ -330,22 +366,11 @@ def bench(a):
 
                     def fn():
                         torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True)
-                for _ in range(a.warmup):
-                    fn()
-                times = []
-                for _ in range(a.iters):
-                    flush.zero_()
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    fn()
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e))
+                ms = median_ms(torch, fn, a.warmup, a.iters, flush)
             except RuntimeError as err:
                 print(f"!! {kernel} {pass_} Nq={nq} Nk={nk}: cannot run ({str(err).splitlines()[0][:200]})")
                 ok = False
                 continue
-            ms = sorted(times)[len(times) // 2]
             # Visible (query, key) pairs, bottom-right causal as in formulas.hpp.
             pairs = sum(min(nk, max(0, i + nk - nq + 1)) for i in range(nq)) if a.causal else nq * nk
             flops = 4.0 * batch * a.heads * pairs * a.head_dim * (2.5 if pass_ == "bwd" else 1.0)
@@ -366,11 +391,36 @@ def bench(a):
     return ok
 
 
+def gemm(a):
+    torch = need_cuda_torch()
+    m, n, k = a.size * 3 if len(a.size) == 1 else a.size
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, {a.dtype}")
+    if a.dtype == "fp8":
+        # e4m3 operands; cuBLAS wants B column-major (B^T of a row-major N x K), scales as fp32 scalars.
+        x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        fn = lambda: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        what = "e4m3 x e4m3, fp32 accumulate, bf16 out (torch._scaled_mm)"
+    else:
+        dtype = getattr(torch, DTYPES[a.dtype][0])
+        x, w = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(n, k, device="cuda", dtype=dtype)
+        fn = lambda: torch.matmul(x, w.t())  # noqa: E731
+        what = f"{a.dtype} x {a.dtype}, fp32 accumulate (torch.matmul)"
+    try:
+        ms = median_ms(torch, fn, a.warmup, a.iters, new_flush(torch))
+    except RuntimeError as err:
+        print(f"!! gemm {a.dtype} {m}x{n}x{k}: cannot run ({str(err).splitlines()[0][:200]})")
+        return False
+    print(f"torch gemm {a.dtype} M={m} N={n} K={k}, {what}: {ms:.4f} ms {2.0 * m * n * k / ms / 1e9:.1f} TFLOP/s")
+    return True
+
+
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.cmd == "check":
         return 0 if check(a.build) else 1
-    return 0 if bench(a) else 1
+    return 0 if (gemm(a) if a.cmd == "gemm" else bench(a)) else 1
 
 
 if __name__ == "__main__":
