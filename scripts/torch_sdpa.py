@@ -198,7 +198,7 @@ def need_cuda_torch():
     try:
         import torch
     except ImportError:
-        sys.exit("torch_sdpa.py: PyTorch is not installed (pip install torch); it is needed for check and bench")
+        sys.exit("torch_sdpa.py: PyTorch is not installed (pip install torch); it is needed for check, bench and gemm")
     if not torch.cuda.is_available():
         sys.exit("torch_sdpa.py: PyTorch sees no CUDA GPU; check, bench and gemm run on one")
     return torch
