@@ -1,5 +1,5 @@
-// Steps 11 to 14 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu), run on the
-// CPU through tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// Steps 11 to 15 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
+// v15_fp8_three_warpgroups.cu), run on the CPU through tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
 // tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
 // model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
 // rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
@@ -10,8 +10,10 @@
 // models that accumulator's truncation, tests/emu/emu_sm90.hpp).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "tests/emu/emu_schedule.hpp"
 #include "forward/steps.hpp"
@@ -66,6 +68,7 @@ void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double o
   check_one("v12_fp8_lean", wsq::forward_v12_fp8_lean, p, o, qk_stddev, outliers, uniform);
   check_one("v13_fp8_scales_ahead", wsq::forward_v13_fp8_scales_ahead, p, o, qk_stddev, outliers, uniform);
   check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, p, o, qk_stddev, outliers, uniform);
+  check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, p, o, qk_stddev, outliers, uniform);
 }
 
 }  // namespace
@@ -117,6 +120,55 @@ TEST_CASE("emulated FP8 step 14: one block runs many items of different lengths,
               false);  // causal: 7 heads in groups of 4 and 3 (handed_out)
     check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, make(4, 2, 257, 200, 128, false), {}, 1.0, 0.01,
               false);
+  }
+  emu9::schedule = emu9::Schedule::round_robin;
+}
+
+// Step 15 computes every row as step 14 does (the same K/V tiles in the same order, the same arithmetic); only the
+// warpgroup that owns the row and the item it belongs to change. Without a mask every row sees every tile, so O and
+// LSE must be the same bits: a wrong Q descale for the third warpgroup (rows 128-191 of an item lie in the next
+// scale block), a turn that lets a warpgroup read a buffer too early, or a P8 from another tile shows here at once.
+// Causal items of 192 rows send some rows through tiles past their diagonal that step 14 skips (P = 0 there, O~
+// rescaled by the V scales): the fp8 rule above judges those. Both schedules, items of different lengths, heads
+// and batches mixed, ragged lengths and Q lengths that are and are not multiples of 192 and of 128.
+TEST_CASE("emulated FP8 step 15: three consumer warpgroups give step 14's bits without a mask, launch after launch") {
+  auto run = [](Fp8Fn step, const fa::Problem& p, const Quantised& z, std::vector<uint16_t>& o_bits,
+                std::vector<float>& lse) {
+    std::vector<fa::bfloat16_t> out(p.q_elems());
+    lse.assign(p.lse_elems(), 0.f);
+    std::memset(out.data(), 0xFF, out.size() * sizeof(fa::bfloat16_t));
+    std::memset(lse.data(), 0xFF, lse.size() * sizeof(float));
+    step(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(), lse.data());
+    o_bits.resize(out.size());
+    std::memcpy(o_bits.data(), out.data(), out.size() * sizeof(uint16_t));
+  };
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
+    emu9::schedule = schedule;
+    for (const auto& [H, Hkv, B, nq, nk, d] : std::vector<std::array<int, 6>>{
+             {3, 1, 2, 200, 260, 64}, {2, 2, 1, 1, 17, 64}, {1, 1, 1, 97, 203, 64}, {1, 1, 1, 384, 257, 64},
+             {1, 1, 1, 193, 130, 64}, {1, 1, 1, 200, 300, 128}}) {
+      fa::Problem p = make(H, Hkv, nq, nk, d, false);
+      p.batch = B;
+      INFO(std::string(emu9::schedule_name(schedule)), " schedule, ", H, "/", Hkv, " heads, batch ", B, ", ", nq, "x",
+           nk, " d=", d);
+      Options rotated;
+      rotated.hadamard = true;
+      const auto q = lab_inputs(p.q_elems(), 11 + nq, 0.01), k = lab_inputs(p.kv_elems(), 12 + nk, 0.01),
+                 v = lab_inputs(p.kv_elems(), 13, 0.01);
+      const Quantised z = quantise(p, rotated, q.data(), k.data(), v.data());
+      std::vector<uint16_t> o14, o15;
+      std::vector<float> lse14, lse15;
+      run(wsq::forward_v14_fp8_persistent, p, z, o14, lse14);
+      for (int launch = 0; launch < 2; ++launch) {
+        run(wsq::forward_v15_fp8_three_warpgroups, p, z, o15, lse15);
+        CHECK(o15 == o14);
+        CHECK(std::memcmp(lse15.data(), lse14.data(), lse14.size() * sizeof(float)) == 0);
+      }
+    }
+    check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, make(7, 1, 200, 200, 64, true), {},
+              1.0, 0.01, false);  // causal: 7 heads in groups, items of 192 rows and of 8
+    check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, make(2, 2, 400, 150, 64, true), {},
+              1.0, 0.0, false);  // causal, q_len > kv_len: the first item of each head sees no key
   }
   emu9::schedule = emu9::Schedule::round_robin;
 }
