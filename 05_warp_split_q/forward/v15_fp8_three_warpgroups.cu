@@ -61,7 +61,7 @@ template <int D>
 constexpr int kThreads = kConsumerThreads<D> + 128;  // + the producer warpgroup (warpgroup kConsumers)
 // Registers per thread after the split (setmaxnreg): the producer needs few, the consumers hold S and O~. The
 // block keeps what __launch_bounds__(kThreads, 1) gave it. d = 64: 512 x 128 = 65,536 at launch, 128 x 32 +
-// 384 x 160 = 65,536 after (168 for the consumers would need 67,584). d = 128: step 14's 384 x 168 = 64,512, then
+// 384 x 160 = 65,536 after (168 for the consumers would need 67,584 even with the producer at 24). d = 128: step 14's 384 x 168 = 64,512, then
 // 128 x 24 + 256 x 240.
 template <int D>
 constexpr int kLaunchRegs = 65536 / kThreads<D> / 8 * 8;
