@@ -6,25 +6,30 @@
 // stages with TMA, the consumers' wgmma read both operands from there, and mbarriers pass each stage between them.
 // The bytes in flight are the stages' (up to 200 KiB of W and X an SM), not registers, and the tensor cores read X
 // from shared memory once per warpgroup, where the flat kernel's warps each load their own copy.
-// Block: 384 threads. Consumer warpgroups 0 and 1 (threads 0-255); producer warpgroup 2 (thread 256 issues) fills the
-// stages. A block owns TileN outputs: 128, warpgroup wg the outputs n0 + 64 wg .. + 63 with every k16 step of a
-// stage; or 64 ("halves"), both warpgroups the same 64 outputs, warpgroup wg half of each stage's k16 steps, their
-// two partial tiles added in the epilogue. As in chapter 05's step 10, the producer gives its registers to the
-// consumers (setmaxnreg: 40 and 232 a thread), which at Mp = 256 hold 128 accumulators each.
+// Block: 384 threads, or 512 with tiles of 192. Consumer warpgroups 0 .. C - 1 (C = 2, or 3); producer warpgroup C
+// (thread 128 C issues) fills the stages. A block owns TileN outputs: 128 or 192, warpgroup wg the outputs
+// n0 + 64 wg .. + 63 with every k16 step of a stage; or 64 ("halves"), both warpgroups the same 64 outputs,
+// warpgroup wg half of each stage's k16 steps, their two partial tiles added in the epilogue. As in chapter 05's
+// step 10, with two consumers the producer gives its registers to them (setmaxnreg: 40 and 232 a thread), which at
+// Mp = 256 hold 128 accumulators each. Three consumers keep the 128 registers a thread of 512 starts with (ptxas
+// compiles the whole kernel into the launch bound's 128), enough for their 64 accumulators: tiles of 192 take slabs
+// of at most 128 rows.
 // A stage: Panels (1, 2 or 4: panels_of) 128-byte panels of k, 64 k each, of W's TileN rows and X's Mp rows, each
 // panel as TMA writes it (128-byte swizzle).
 // Accumulators: Y^T's 64 x Mp tile of a warpgroup, Mp / 2 fp32 a thread (128 at Mp = 256): register 4j + e of lane
 // (g, t) of warp w holds n = 16 w + g + 8 (e / 2), m = 8 j + 2 t + e % 2.
 // Shared memory: as many stages as fit 200 KiB, 4 to 8 (stages_of): e.g. 5 x 40 KiB at Mp = 16 with tiles of 64, 4 x
-// 48 KiB at Mp = 256; + 2 mbarriers a stage + 1 KiB to align. One block an SM. After the loop the same space holds
-// the block's fp32 tile (or the two partial tiles) for the epilogue, at most 132 KiB.
+// 48 KiB at Mp = 256, 5 x 40 KiB at Mp = 128 with tiles of 192; + 2 mbarriers a stage + 1 KiB to align. One block
+// an SM. After the loop the same space holds the block's fp32 tile (or the two partial tiles) for the epilogue, at
+// most 132 KiB.
 // The accumulators are not zeroed: each warpgroup's first wgmma overwrites them (scale-d = 0), because zeroing them
 // with ordinary instructions makes ptxas serialise every wgmma of the loop (its warning C7515).
 // Grid (shape_of): (ceil(N / TileN), splits, slabs). blockIdx.y takes a contiguous range of K tiles (split-K, 1 to 4
 // pieces; the heuristic takes 1 or 2), summed as flat_cluster.cu does: the pieces of an output tile are one thread
 // block cluster, each keeps its partial tile in its shared memory, and each adds 1 / pieces of the tile's rows from
 // all of them, in piece order, through distributed shared memory. blockIdx.z is a slab of rows of X (256, or 128:
-// each slab reads W again, mostly from L2 when the slabs run at the same time).
+// each slab reads W again, mostly from L2 when the slabs run at the same time). Tiles of 192 outputs, where N leaves
+// no room for twice its tiles of 128: slabs of 128 rows, 3/4 of a 128 x 256 block's tensor work on 1.5x the SMs.
 // Rows past N or M and k past K arrive as zeros from TMA (the box is clipped to the tensor); they are not stored.
 #include <algorithm>
 #include <stdexcept>
@@ -39,13 +44,17 @@ namespace fdec::gemm::flat_wgmma {
 namespace {
 
 using namespace wsq::sm90;
-constexpr int kConsumers = 2;                        // consumer warpgroups (wgmma's M = 64 outputs n each)
-constexpr int kTileN = 64 * kConsumers;              // outputs n per block: each warpgroup its own 64 ...
-constexpr int kNarrowTileN = 64;                     // ... or both the same 64, each half of every stage's k
-constexpr int kConsumerThreads = 128 * kConsumers;
-constexpr int kThreads = kConsumerThreads + 128;     // + the producer warpgroup
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = the 384 x 168 the block starts with
+constexpr int kTileN = 128;                          // outputs n per block: two warpgroups, each its own 64 ...
+constexpr int kNarrowTileN = 64;                     // ... or both the same 64, each half of every stage's k ...
+constexpr int kWideTileN = 192;                      // ... or three warpgroups, each its own 64 (slabs <= 128 rows)
 constexpr int kMaxRows = 256;                        // rows of X per block at most: wgmma's largest N
+constexpr int kSlabRows = 128;                       // the smaller slab; tiles of 64 and 192 take at most this
+// Consumer warpgroups (wgmma's M = 64 outputs n each) and threads of a block with tiles of tile_n outputs.
+constexpr int consumers_of(int tile_n) { return tile_n == kNarrowTileN ? 2 : tile_n / 64; }
+constexpr int consumer_threads_of(int tile_n) { return 128 * consumers_of(tile_n); }
+constexpr int threads_of(int tile_n) { return consumer_threads_of(tile_n) + 128; }  // + the producer warpgroup
+// With two consumers, setmaxnreg's registers a thread: 128 x 40 + 256 x 232 = the 384 x 168 the block starts with.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kStageBudget = 200 * 1024, kMaxStages = 8, kMinStages = 4;
 constexpr int kMinPieceK = 4096;                     // split-K only into pieces of at least this many k
 constexpr int kEpilogueBarrier = 1;                  // a named barrier of the consumers
@@ -53,8 +62,8 @@ constexpr int kMaxPieces = 4;                        // split-K pieces, one clus
 
 // Stages of `panels` 128-byte panels of k (64 k each) of TileN rows of W and Mp rows of X, as many as fit the budget.
 constexpr int stages_of(int mp, int tile_n, int panels) {
-  const int stage_bytes = panels * (tile_n + mp) * kRowBytes;
-  return kStageBudget / stage_bytes < kMaxStages ? kStageBudget / stage_bytes : kMaxStages;
+  const int fit = kStageBudget / (panels * (tile_n + mp) * kRowBytes);
+  return fit < kMaxStages ? fit : kMaxStages;
 }
 // Panels a stage: the most of 4, 2, 1 that leave at least kMinStages stages, and 1 where X is most of a stage
 // (Mp > TileN). Larger stages read each row of W in runs of 256 or 512 bytes instead of 128 and pass fewer
@@ -90,9 +99,10 @@ __device__ __forceinline__ void store_y(const Args& a, int m, int n, float4 v) {
       if (n + q < a.n) y[q] = h[q];
 }
 template <int Mp, int TileN, int Panels>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads_of(TileN), 1)
     flat_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x, Args a) {
   using L = Layout<Mp, TileN, Panels>;
+  constexpr int kConsumers = consumers_of(TileN), kConsumerThreads = consumer_threads_of(TileN);
   unsigned char* smem = smem_1024();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::stages * L::stage_bytes);  // [stages]: a stage's bytes landed
   uint64_t* empty = full + L::stages;  // [stages]: the consumers are done with a stage
@@ -108,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // the only block-wide barrier: afterwards producer and consumers meet only at mbarriers
 
   if (wg == kConsumers) {  // the producer warpgroup
-    setmaxnreg_dec<kProducerRegs>();
+    if constexpr (kConsumers == 2) setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == kConsumerThreads)
       for (int kt = kt_begin; kt < kt_end; ++kt) {
         const int i = kt - kt_begin, s = i % L::stages, round = i / L::stages;
@@ -129,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  setmaxnreg_inc<kConsumerRegs>();
+  if constexpr (kConsumers == 2) setmaxnreg_inc<kConsumerRegs>();
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float acc[Mp / 2];
   for (int kt = kt_begin; kt < kt_end; ++kt) {
@@ -213,15 +223,19 @@ struct Shape {
 // the SMs, in this order: K in 2 pieces, where each keeps at least kMinPieceK (a cluster's sum costs about as much
 // as streaming a shorter piece saves); slabs of 128 rows, above 128 rows (X is not read again, W mostly from L2);
 // tiles of 64 outputs, with at most 128 rows a block (each block reads all of its slab of X: the last resort).
+// Where slabs of 128 rows do not fit with tiles of 128 (above 128 rows, N > 8448 on 132 SMs), they may with tiles of
+// 192 (three consumer warpgroups): 1.5x the blocks of slabs of 256, each with 3/4 of the tensor work.
 // More pieces do not pay: a cluster of 4 blocks of 200 KiB needs 4 free SMs in one GPC, and on the H100 32 such
 // clusters did not all fit at once (README §7, ../NOTEBOOK.md §14).
 Shape shape_of(int m, int n, int k, int sms) {
   Shape s;
   long long blocks = (long long)tiles(n, kTileN) * ((m + kMaxRows - 1) / kMaxRows);
   if (k >= 2 * kMinPieceK && 2 * blocks <= sms) s.splits = 2, blocks *= 2;
-  const long long slabs_128 = (long long)tiles(n, kTileN) * ((m + 127) / 128) * s.splits;
-  if (m > 128 && slabs_128 <= sms) s.slab = 128, blocks = slabs_128;
-  if (std::min(m, s.slab) <= 128 && 2 * blocks <= sms) s.tile_n = kNarrowTileN;
+  const long long slabs = (m + kSlabRows - 1) / kSlabRows * s.splits;  // of 128 rows, times the pieces
+  if (m > kSlabRows && tiles(n, kTileN) * slabs <= sms) s.slab = kSlabRows, blocks = tiles(n, kTileN) * slabs;
+  else if (m > kSlabRows && tiles(n, kWideTileN) * slabs <= sms)
+    s.slab = kSlabRows, s.tile_n = kWideTileN, blocks = tiles(n, kWideTileN) * slabs;
+  if (std::min(m, s.slab) <= kSlabRows && s.tile_n == kTileN && 2 * blocks <= sms) s.tile_n = kNarrowTileN;
   return s;
 }
 // A slab's rows padded to the next of 16, 32, 64, 128, 256: wgmma's N.
@@ -243,28 +257,35 @@ void launch_tile(const Args& a, dim3 grid) {
   const CUtensorMap tm_x = tensor_map(x, a.k, a.m, 1, Mp);     // [M][K]: boxes of Mp rows x 64 k
   constexpr size_t kBytes = Layout<Mp, TileN, Panels>::alloc;
   const auto kernel = flat_wgmma_kernel<Mp, TileN, Panels>;
+  constexpr int kThreads = threads_of(TileN);
   if (a.splits == 1) launch_sm90(kernel, grid, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
   else launch_sm90_cluster(kernel, grid, a.splits, kThreads, kBytes, "flat_wgmma", tm_w, tm_x, a);
 }
 template <int Mp>
-void launch_rows(const Args& a, int tile_n, int slab) {
-  const dim3 grid(tiles(a.n, tile_n), a.splits, (a.m + slab - 1) / slab);
-  if constexpr (Mp <= 128)  // at Mp = 256 the two partial tiles' epilogue spills: shape_of never asks for it
-    if (tile_n == kNarrowTileN) return launch_tile<Mp, kNarrowTileN, panels_of(Mp, kNarrowTileN)>(a, grid);
+void launch_rows(const Args& a, const Shape& s) {
+  const dim3 grid(tiles(a.n, s.tile_n), a.splits, (a.m + s.slab - 1) / s.slab);
+  if constexpr (Mp <= kSlabRows) {  // at Mp = 256 the two partial tiles' epilogue spills, and three warpgroups'
+                                    // 128 accumulators do not fit a thread's 128 registers: shape_of asks neither
+    if (s.tile_n == kNarrowTileN) return launch_tile<Mp, kNarrowTileN, panels_of(Mp, kNarrowTileN)>(a, grid);
+    if (s.tile_n == kWideTileN) return launch_tile<Mp, kWideTileN, panels_of(Mp, kWideTileN)>(a, grid);
+  }
   launch_tile<Mp, kTileN, panels_of(Mp, kTileN)>(a, grid);
 }
-// One launch with tile_n outputs n (64 or 128; 64 with slabs of at most 128 rows) and slabs of `slab` rows a block.
-void launch_as(const Args& a, int tile_n, int slab) {
-  if ((tile_n != kTileN && tile_n != kNarrowTileN) || slab < 1 || slab > kMaxRows ||
-      (tile_n == kNarrowTileN && std::min(a.m, slab) > 128))
-    throw std::invalid_argument("flat_wgmma: tiles of " + std::to_string(tile_n) + " outputs with slabs of " +
-                                std::to_string(slab) + " rows (64 or 128 outputs; 64 with at most 128 rows)");
-  switch (padded_rows(std::min(a.m, slab))) {
-    case 16: return launch_rows<16>(a, tile_n, slab);
-    case 32: return launch_rows<32>(a, tile_n, slab);
-    case 64: return launch_rows<64>(a, tile_n, slab);
-    case 128: return launch_rows<128>(a, tile_n, slab);
-    default: return launch_rows<256>(a, tile_n, slab);
+// One launch as s says: tile_n outputs n (64, 128 or 192; 64 and 192 with slabs of at most 128 rows), slabs of
+// `slab` rows a block.
+void launch_as(const Args& a, const Shape& s) {
+  const int rows = std::min(a.m, s.slab);
+  if ((s.tile_n != kTileN && s.tile_n != kNarrowTileN && s.tile_n != kWideTileN) || s.slab < 1 ||
+      s.slab > kMaxRows || (s.tile_n != kTileN && rows > kSlabRows))
+    throw std::invalid_argument("flat_wgmma: tiles of " + std::to_string(s.tile_n) + " outputs with slabs of " +
+                                std::to_string(s.slab) +
+                                " rows (64, 128 or 192 outputs; 64 and 192 with at most 128 rows)");
+  switch (padded_rows(rows)) {
+    case 16: return launch_rows<16>(a, s);
+    case 32: return launch_rows<32>(a, s);
+    case 64: return launch_rows<64>(a, s);
+    case 128: return launch_rows<128>(a, s);
+    default: return launch_rows<256>(a, s);
   }
 }
 
@@ -286,8 +307,7 @@ bool supported() { return true; }
 void launch(const Args& a) {
   check_shape(a.m, a.n, a.k);
   if (!supported()) throw fa::NotOnThisGpu("flat_wgmma needs an sm_90 GPU (wgmma, TMA): this one is not");
-  const Shape shape = shape_of(a.m, a.n, a.k, sm_count());
-  launch_as(a, shape.tile_n, shape.slab);
+  launch_as(a, shape_of(a.m, a.n, a.k, sm_count()));
 }
 
 int splits(int m, int n, int k, int sms) { return shape_of(m, n, k, sms).splits; }

@@ -2,7 +2,7 @@
 // 9, 17, 33, 65: the flat GEMM's 1 to 8 groups and 2 slabs; N, K not tile multiples) and on one 7B-class shape per
 // kernel, the flat GEMM with the split-K that flat_splits picks for this GPU and with 3 splits forced; flat_cluster
 // with 1 to 8 pieces, the same bits as flat (skipped, said so, on a GPU without thread block clusters); flat_wgmma
-// on every padding of M (16 to 256 rows, and two slabs), tiles of 64 and 128 outputs, with 1 to 4 pieces (sm_90
+// on every padding of M (16 to 256 rows, and two slabs), tiles of 64, 128 and 192 outputs, with 1 to 4 pieces (sm_90
 // only); read_w's checksum (every word of W read).
 // Y and the workspace are NaN-poisoned first.
 #include <doctest/doctest.h>
@@ -117,7 +117,7 @@ TEST_CASE("06 gemm GPU: flat_cluster's split-K summed in a cluster, 1 to 8 piece
 }
 
 #ifdef FDEC_GEMM_HOPPER
-TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, tiles of 64 and 128, 1 to 4 pieces, launch after launch") {
+TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, tiles of 64, 128, 192, 1 to 4 pieces, launch after launch") {
   if (!flat_wgmma::supported()) {
     MESSAGE("skipped: flat_wgmma needs an sm_90 GPU (wgmma, TMA); this one is not");
     return;
@@ -132,12 +132,14 @@ TEST_CASE("06 gemm GPU: flat_wgmma on every padding of M, tiles of 64 and 128, 1
       INFO(e.summary());
       CHECK(e.ok());
     }
-  for (int m : {16, 100}) {  // N of 67 tiles of 128: tiles of 128 at M <= 128 too
-    const HostGemm h = make_inputs(m, 8520, 648, 600 + m);
-    INFO("M ", m);
-    CHECK(run(h, flat_wgmma::launch, 1, false).ok());
-  }
-  // 7B shapes launch after launch: at M = 128, tiles of 64 (64 blocks; 128 with 2 pieces); at M = 256, of 128.
+  // N of 67 tiles of 128: tiles of 128 at M <= 128 too; above, tiles of 192 (44 of them and one 72 wide) in 2 slabs
+  for (int m : {16, 100, 129, 200, 256})
+    for (int splits : {1, 2}) {
+      const HostGemm h = make_inputs(m, 8520, 648, 600 + m);
+      INFO("M ", m, ", splits ", splits);
+      CHECK(run(h, flat_wgmma::launch, splits, false).ok());
+    }
+  // 7B shapes launch after launch: at M = 128, tiles of 64 (64 blocks; 128 with 2 pieces); at M = 256, of 192.
   const HostGemm h128 = make_inputs(128, 4096, 4096, 8);
   for (int splits : {2, 1, 2}) CHECK(run(h128, flat_wgmma::launch, splits, true).ok());
   const HostGemm h = make_inputs(256, 12288, 4096, 9);

@@ -1,12 +1,12 @@
 // flat_wgmma.cu's own source on the CPU, under chapter 05's emulation of the Hopper pieces (../../05_warp_split_q/
-// tests/emu/emu_sm90.hpp): the producer and the two consumer warpgroups as cooperative threads, the mbarriers' phases and
-// transaction bytes, TMA boxes landing (swizzled, clipped to the tensor) only when their barrier is waited on, wgmma
-// reading both operands through the kernel's descriptors, its product landing only at the wait that retires it, and
-// a split K's pieces run together as one cluster, each block with its own shared memory (NaN once it has exited).
-// A stage released before the wgmma that reads it is done, or a tile read before its barrier, gives a wrong result or
-// stops the test. Every padding of M (16 to 256 rows, and two slabs of 256), ragged N and K, 1 to 4 pieces of K,
-// checked against fp64 (check.hpp's rule) and the pieces bit for bit against each other, under both of the
-// emulation's schedules.
+// tests/emu/emu_sm90.hpp): the producer and the two or three consumer warpgroups as cooperative threads, the
+// mbarriers' phases and transaction bytes, TMA boxes landing (swizzled, clipped to the tensor) only when their barrier
+// is waited on, wgmma reading both operands through the kernel's descriptors, its product landing only at the wait
+// that retires it, and a split K's pieces run together as one cluster, each block with its own shared memory (NaN
+// once it has exited). A stage released before the wgmma that reads it is done, or a tile read before its barrier,
+// gives a wrong result or stops the test. Every padding of M (16 to 256 rows, and two slabs of 256), tiles of 64,
+// 128 and 192 outputs, ragged N and K, 1 to 4 pieces of K, checked against fp64 (check.hpp's rule) and the pieces
+// bit for bit against each other, under both of the emulation's schedules.
 #include <cuda_fp16.h>  // __half on the host: gemm.cuh's Args
 
 #include "emu_sm90.hpp"
@@ -44,8 +44,10 @@ using namespace fdec::gemm;
 
 namespace {
 
-// One launch on h with `splits` pieces of K, Y NaN-poisoned first, under `schedule`.
-std::vector<fa::half_t> run_y(const HostGemm& h, int splits, emu9::Schedule schedule) {
+// One launch on h with `splits` pieces of K, Y NaN-poisoned first, under `schedule`; the grid shape_of's, or the
+// tiles and slabs of `forced`.
+std::vector<fa::half_t> run_y(const HostGemm& h, int splits, emu9::Schedule schedule,
+                              flat_wgmma::Shape forced = {0, 0, 1}) {
   emu9::schedule = schedule;
   std::vector<fa::half_t> y(size_t(h.m) * h.n, fa::half_t{0x7E00});  // NaN
   Args a;
@@ -53,7 +55,8 @@ std::vector<fa::half_t> run_y(const HostGemm& h, int splits, emu9::Schedule sche
   a.x = reinterpret_cast<const __half*>(h.x.data()), a.w = reinterpret_cast<const __half*>(h.w.data());
   a.y = reinterpret_cast<__half*>(y.data());
   a.splits = splits;
-  flat_wgmma::launch(a);
+  if (forced.tile_n > 0) flat_wgmma::launch_as(a, forced);
+  else flat_wgmma::launch(a);
   return y;
 }
 
@@ -72,14 +75,33 @@ TEST_CASE("06 gemm emulated: flat_wgmma on every padding of M, ragged N and K, 1
       }
 }
 
-TEST_CASE("06 gemm emulated: flat_wgmma with tiles of 128 outputs and slabs of 256 rows (N of 67 tiles of 128)") {
-  for (int m : {40, 128, 200, 300}) {  // tiles of 128 at M <= 128; one slab of 256; a slab of 256 and one of 44
+TEST_CASE("06 gemm emulated: flat_wgmma with tiles of 128 and 192 outputs (N of 67 tiles of 128)") {
+  // tiles of 128 at M <= 128; tiles of 192, 2 slabs of 128 (2 x 67 tiles of 128 would not all be resident); tiles of
+  // 128, a slab of 256 and one of 44 (3 slabs would not)
+  for (int m : {40, 128, 200, 300}) {
     const HostGemm h = make_inputs(m, 8520, 72, 90 + m);  // 67 N tiles, the last 72 wide; K: one tile, 8 of it past K
     INFO("M ", m);
     const GemmError e = check_all(h, run_y(h, 1, emu9::Schedule::round_robin));
     INFO(e.summary());
     CHECK(e.ok());
   }
+}
+
+TEST_CASE("06 gemm emulated: flat_wgmma with tiles of 192 outputs (three consumer warpgroups), forced, vs fp64") {
+  // N = 392: two tiles of 192 and one 8 wide; K: 11 K tiles, the ring of 5 stages wraps twice, the last tile 8 wide.
+  // M: every padding up to 128, and slabs of 128 (at 129 and 200 rows, the last 1 and 72); 1 piece of K and 3 (a
+  // cluster).
+  for (int m : {1, 17, 64, 65, 128, 129, 200})
+    for (int splits : {1, 3}) {
+      const HostGemm h = make_inputs(m, 392, 648, 60 + m);
+      INFO("M ", m, ", splits ", splits);
+      const GemmError e = check_all(h, run_y(h, splits, emu9::Schedule::round_robin, {192, 128, splits}));
+      INFO(e.summary());
+      CHECK(e.ok());
+    }
+  const HostGemm h = make_inputs(129, 392, 648, 1);
+  CHECK_THROWS_AS(run_y(h, 1, emu9::Schedule::round_robin, {192, 256, 1}), std::invalid_argument);
+  CHECK_THROWS_AS(run_y(h, 1, emu9::Schedule::round_robin, {96, 128, 1}), std::invalid_argument);
 }
 
 TEST_CASE("06 gemm emulated: flat_wgmma's split-K in a cluster, 2 and 4 pieces, the same bits in any order") {
@@ -110,6 +132,9 @@ TEST_CASE("06 gemm: flat_wgmma's stages (200 KiB, 4 to 8 of them) and panels of 
   CHECK(panels_of(64, 128) == 2);   // 4 of 48 KiB
   CHECK(panels_of(128, 128) == 1);  // 6 of 32 KiB (2 panels: 3 stages)
   CHECK(panels_of(256, 128) == 1);  // 4 of 48 KiB
+  CHECK(panels_of(128, 192) == 1);  // 5 of 40 KiB
+  CHECK(panels_of(16, 192) == 1);   // 7 of 26 KiB (2 panels: 3 stages)
+  CHECK(Layout<128, 192>::stages == 5);
   CHECK(Layout<256, 128>::stages == 4);
   CHECK(Layout<16, 128, 1>::stages == 8);  // at most 8
 }
@@ -129,7 +154,12 @@ TEST_CASE("06 gemm: flat_wgmma's grid on an H100 (132 SMs, one block an SM): pie
   CHECK(is(shape_of(8, 8448, 4096, 132), 64, 256, 1));       // 66 tiles of 128: 132 of 64
   CHECK(is(shape_of(8, 8449, 4096, 132), 128, 256, 1));      // 67: 134 of 64 would not all be resident
   CHECK(is(shape_of(64, 12288, 4096, 132), 128, 256, 1));    // 96 tiles
-  CHECK(is(shape_of(256, 12288, 4096, 132), 128, 256, 1));   // 2 slabs: 192 blocks
+  CHECK(is(shape_of(256, 12288, 4096, 132), 192, 128, 1));   // 2 slabs of 96 tiles: 192 blocks; of 64 tiles: 128
+  CHECK(is(shape_of(256, 11008, 4096, 132), 192, 128, 1));   // 2 slabs of 58 tiles of 192: 116 blocks
+  CHECK(is(shape_of(129, 8449, 4096, 132), 192, 128, 1));    // 2 x 67 tiles of 128 do not fit, 2 x 45 of 192 do
+  CHECK(is(shape_of(129, 8448, 4096, 132), 128, 128, 1));    // 2 x 66 tiles of 128 do
+  CHECK(is(shape_of(300, 12288, 4096, 132), 128, 256, 1));   // 3 slabs of 128: 192 blocks even with tiles of 192
+  CHECK(is(shape_of(128, 12288, 4096, 132), 128, 256, 1));   // one slab: tiles of 192 only above 128 rows
   CHECK(is(shape_of(64, 11008, 11008, 132), 128, 256, 1));   // 86 tiles: 2 pieces would not fit
   CHECK(is(shape_of(1, 64, 64, 132), 64, 256, 1));
   CHECK(flat_wgmma::splits(64, 4096, 11008, 132) == 2);
