@@ -29,7 +29,7 @@
 // block cluster, each keeps its partial tile in its shared memory, and each adds 1 / pieces of the tile's rows from
 // all of them, in piece order, through distributed shared memory. blockIdx.z is a slab of rows of X (256, or 128:
 // each slab reads W again, mostly from L2 when the slabs run at the same time). Tiles of 192 outputs, where N leaves
-// no room for twice its tiles of 128: slabs of 128 rows, 3/4 of a 128 x 256 block's tensor work on 1.5x the SMs.
+// no room for twice its tiles of 128: slabs of 128 rows, 3/4 of a 128 x 256 block's tensor work on 4/3 the SMs.
 // Rows past N or M and k past K arrive as zeros from TMA (the box is clipped to the tensor); they are not stored.
 #include <algorithm>
 #include <stdexcept>
@@ -224,7 +224,7 @@ struct Shape {
 // as streaming a shorter piece saves); slabs of 128 rows, above 128 rows (X is not read again, W mostly from L2);
 // tiles of 64 outputs, with at most 128 rows a block (each block reads all of its slab of X: the last resort).
 // Where slabs of 128 rows do not fit with tiles of 128 (above 128 rows, N > 8448 on 132 SMs), they may with tiles of
-// 192 (three consumer warpgroups): 1.5x the blocks of slabs of 256, each with 3/4 of the tensor work.
+// 192 (three consumer warpgroups; up to N = 12672): 4/3 the blocks of slabs of 256, each with 3/4 of the tensor work.
 // More pieces do not pay: a cluster of 4 blocks of 200 KiB needs 4 free SMs in one GPC, and on the H100 32 such
 // clusters did not all fit at once (README §7, ../NOTEBOOK.md §14).
 Shape shape_of(int m, int n, int k, int sms) {
