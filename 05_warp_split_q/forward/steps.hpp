@@ -31,6 +31,8 @@ void forward_v13_fp8_scales_ahead(const fa::Problem& p, const fp8::View& in, fa:
 void forward_v14_fp8_persistent(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 // ---- step 15 (FP8, sm_90a only): step 14 with three consumer warpgroups at d = 64 (Br = 192) ----
 void forward_v15_fp8_three_warpgroups(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+// ---- step 16 (FP8, sm_90a only): step 15 with the row sums l_i from P V's column of ones ----
+void forward_v16_fp8_row_sums(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

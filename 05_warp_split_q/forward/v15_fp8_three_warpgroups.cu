@@ -1,5 +1,5 @@
 // Step 15 (Hopper, sm_90a only): step 14 with three consumer warpgroups at d = 64. There a tile's two products take
-// the tensor cores about 510 cycles and its softmax the MUFU about 1,020 (FP8.md §13): the MUFU is the bound, and
+// the tensor cores about 510 cycles and its softmax the MUFU about 1,020 (FP8.md §14): the MUFU is the bound, and
 // step 14 keeps it busy 59 % of the time, because each of an SM's 4 schedulers has only two consumer warps to feed
 // it, each often waiting for its S or for its turn. A third consumer warpgroup (Br = 192: rows 64 w .. 64 w + 63
 // for warpgroup w = 0, 1, 2) gives every scheduler a third warp with a softmax to run. It costs registers: 4
@@ -12,7 +12,7 @@
 // step 14, two consumer warpgroups of 240 registers, with its turns. Every row is computed as in step 14 (the same
 // K/V tiles in the same order, the same arithmetic), so without a mask the two give the same bits; a Q scale block
 // (128 rows) is no longer an item: each warpgroup reads the descale of the block its 64 rows lie in. On an H200
-// (FP8.md §12), against step 14 at d = 64: +6-9 % without a mask from N = 1024 on (+18 % at 512), 0 to +4 % causal
+// (FP8.md §12), against step 14 at d = 64: +6-9 % without a mask from N = 1024 on (+19 % at 512), +1 to +4 % causal
 // (-3 % at N = 1024, where items of 192 rows compute more masked keys).
 // `diff v14_fp8_persistent.cu v15_fp8_three_warpgroups.cu` is the lesson.
 //

@@ -106,11 +106,11 @@ void check_supported(const fa::Problem& p) {
     throw fa::UsageError("heads and batch must be <= 65535 (the grid's y and z limits)");
 }
 
-// ---- steps 11-15 (FP8) ----
+// ---- steps 11-16 (FP8) ----
 static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead", "v14_fp8_persistent",
-                                                "v15_fp8_three_warpgroups"};
+                                                "v15_fp8_three_warpgroups", "v16_fp8_row_sums"};
 static constexpr const char* kFp8StepList =
-    "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead, v14_fp8_persistent, v15_fp8_three_warpgroups";
+    "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead, v14_fp8_persistent, v15_fp8_three_warpgroups, v16_fp8_row_sums";
 
 const std::vector<Fp8Step>& fp8_steps() {
   static const std::vector<Fp8Step> steps = [] {
@@ -129,6 +129,8 @@ const std::vector<Fp8Step>& fp8_steps() {
                      forward_v14_fp8_persistent, "fp8", fa::Arch::sm90a});
       all.push_back({kFp8StepNames[4], "FP8, three consumer warpgroups at d = 64 (Br = 192): a third warp a scheduler to feed the MUFU",
                      forward_v15_fp8_three_warpgroups, "fp8", fa::Arch::sm90a});
+      all.push_back({kFp8StepNames[5], "FP8, the row sums l_i on the tensor cores: a column of ones after V in P V",
+                     forward_v16_fp8_row_sums, "fp8", fa::Arch::sm90a});
     }
 #endif
     return all;

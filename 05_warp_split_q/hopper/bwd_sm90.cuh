@@ -2,8 +2,8 @@
 //   * two more wgmma shapes, m64n64k16 with both operands in shared memory: K-major x K-major (S^T = K_j Q_i^T,
 //     dP^T = V_j dO_i^T) and MN-major x MN-major ("transposed" A and B: dQ_i = dS_ij K_j read from dS^T and K_j as
 //     they are stored, [key][query] and [key][d]);
-//   * the proxy fence that makes the threads' own shared-memory stores (dS^T, the dQ tile) visible to wgmma and to
-//     the bulk copies, which read shared memory through the "async proxy";
+//   * (the proxy fence that makes the threads' own shared-memory stores, dS^T and the dQ tile, visible to wgmma and
+//     to the bulk copies, which read shared memory through the "async proxy", is wgmma.cuh's fence_view_async_shared);
 //   * the bulk reduce-add cp.reduce.async.bulk .add.f32 (step 10): one thread hands the copy engine a contiguous run
 //     of fp32 values in shared memory, and the engine adds them to global memory - an atomic add of the whole run,
 //     done by the memory system, without a per-element atomic instruction - with its bulk-group commit and waits;
@@ -20,12 +20,6 @@
 #include "device.cuh"
 
 namespace wsq::sm90 {
-
-// Orders this thread's earlier ordinary stores to shared memory before later reads of the async proxy (a wgmma
-// operand, a bulk copy's source). Every writer fences, then the writers and the readers meet at a barrier.
-__device__ __forceinline__ void fence_view_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // D (64 x 64, fp32) (+)= A (64 x 16) * B (16 x 64), both from shared memory. TRANS = "0, 0": A and B K-major (their
 // k runs along a stored row: K_j and Q_i for S^T = K_j Q_i^T, stored [key][d] and [query][d]). TRANS = "1, 1": both

@@ -31,6 +31,11 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 // unit and wgmma take to memory the "async proxy", as opposed to the threads' own loads and stores; a fence is
 // what orders the two.)
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Orders this thread's earlier ordinary stores to shared memory before later reads of the async proxy (a wgmma
+// operand, a bulk copy's source). Every writer fences, then the writers and the readers meet at a barrier.
+__device__ __forceinline__ void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -172,6 +177,24 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), \
   "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
+// m64n72 and m64n136 (36 and 68): P V with 8 more columns than head_dim (step 16's row sums).
+#define WSQ_D36_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}"
+#define WSQ_D36_OPERANDS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+#define WSQ_D68_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}"
+#define WSQ_D68_OPERANDS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+
 // D (64 x N, fp32) (+)= A (64 x 16, K-major in shared memory) * B (16 x N, K-major in shared memory), fp16, for N =
 // 16, 32, 64, 128 or 256 (PTX allows every multiple of 8; these are the ones used): chapter 06's decode GEMM
 // (gemm/flat_wgmma.cu), whose N is the number of rows of X, padded. accumulate = 0 overwrites D: the first product
@@ -248,8 +271,20 @@ __device__ __forceinline__ void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc
 template <int N>
 __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                               int accumulate) {
-  static_assert(N == 64 || N == 128, "head_dim 64 or 128");
-  if constexpr (N == 128)
+  static_assert(N == 64 || N == 128 || N == 72 || N == 136, "head_dim 64 or 128 (+ 8: step 16's column of ones)");
+  if constexpr (N == 136)
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %73, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 " WSQ_D68_REGS
+                 ", {%68, %69, %70, %71}, %72, acc, 1, 1;\n}\n"
+                 : WSQ_D68_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  else if constexpr (N == 72)
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %41, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 " WSQ_D36_REGS
+                 ", {%36, %37, %38, %39}, %40, acc, 1, 1;\n}\n"
+                 : WSQ_D36_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  else if constexpr (N == 128)
     asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WSQ_D64_REGS
                  ", {%64, %65, %66, %67}, %68, acc, 1, 1;\n}\n"

@@ -1,5 +1,5 @@
-// Steps 11 to 15 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
-// v15_fp8_three_warpgroups.cu), run on the CPU through tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
+// Steps 11 to 16 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
+// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu), run on the CPU through tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
 // tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
 // model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
 // rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
@@ -69,6 +69,7 @@ void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double o
   check_one("v13_fp8_scales_ahead", wsq::forward_v13_fp8_scales_ahead, p, o, qk_stddev, outliers, uniform);
   check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, p, o, qk_stddev, outliers, uniform);
   check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, p, o, qk_stddev, outliers, uniform);
+  check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, p, o, qk_stddev, outliers, uniform);
 }
 
 }  // namespace
@@ -169,6 +170,26 @@ TEST_CASE("emulated FP8 step 15: three consumer warpgroups give step 14's bits w
               1.0, 0.01, false);  // causal: 7 heads in groups, items of 192 rows and of 8
     check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, make(2, 2, 400, 150, 64, true), {},
               1.0, 0.0, false);  // causal, q_len > kv_len: the first item of each head sees no key
+  }
+  emu9::schedule = emu9::Schedule::round_robin;
+}
+
+// Step 16 takes l_i from P V's column of ones: judged by the fp8 rule (its l_i sums the rounded P, so its bits differ
+// from step 15's), on an emulated GPU of two SMs in both schedules, launched twice (the ones are written once per
+// launch, before any wgmma reads them), with items of 192 and 128 rows, heads and batches mixed, rows without keys,
+// outliers, and V scales that differ from tile to tile (l_i must not take V's ratio, which O~'s factor carries).
+TEST_CASE("emulated FP8 step 16: the row sums from P V's column of ones, launch after launch, both schedules") {
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
+    emu9::schedule = schedule;
+    INFO(std::string(emu9::schedule_name(schedule)), " schedule");
+    fa::Problem p = make(3, 1, 200, 260, 64, false);
+    p.batch = 2;
+    for (int launch = 0; launch < 2; ++launch)
+      check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, p, {}, 1.0, 0.01, false);
+    check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, make(7, 1, 200, 200, 64, true), {}, 1.0, 0.01, false);
+    check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, make(2, 2, 400, 150, 128, true), {}, 1.0, 0.0, false);
+    check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, make(4, 2, 257, 300, 128, false), {}, 1.0, 0.01,
+              false);
   }
   emu9::schedule = emu9::Schedule::round_robin;
 }

@@ -293,6 +293,7 @@ namespace sm90 {
 
 inline void mbar_init(uint64_t* bar, int count) { emu9::mbars[bar] = {count, count, 0, 0}; }
 inline void fence_barrier_init() {}
+inline void fence_view_async_shared() {}  // the emulated wgmma reads the stores themselves: nothing to order
 inline void mbar_arrive(uint64_t* bar) {
   emu9::Mbar& m = emu9::mbar(bar);
   --m.pending;

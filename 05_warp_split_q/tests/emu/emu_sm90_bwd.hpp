@@ -1,6 +1,6 @@
 // The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-14 use besides the forward's
 // (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
-// shared-memory operands, float2 and its atomicAdd, the proxy fence, a launch of any kernel signature,
+// shared-memory operands, float2 and its atomicAdd, a launch of any kernel signature,
 // the bulk reduce-add with its bulk groups, and step 14's dQ counters. Include it before a backward Hopper file.
 // The bulk reduce-add is emulated as late as the PTX ISA allows, as a TMA load is: cp.reduce.async.bulk only
 // records the copy (and a snapshot of its source); commit_group closes the recorded copies into a group; the
@@ -40,8 +40,6 @@ inline void atomicAdd(float2* at, float2 x) {
 }
 
 namespace wsq::sm90 {
-
-inline void fence_view_async_shared() {}
 
 namespace {
 
