@@ -267,35 +267,22 @@ __device__ __forceinline__ void wgmma_ss_n128_e4m3(float (&d)[64], uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 // D (64 x N, fp32) (+)= A (64 x 32 e4m3 in registers: P8) * B (32 x N, K-major in shared memory: Vt8): one k32
-// step of P V, N = head_dim. accumulate = 0 (scale-d) overwrites D: a tile's first k-step starts a fresh sum.
+// step of P V, N = head_dim (+ 8 in step 16, whose last 8 rows of B are ones). accumulate = 0 (scale-d) overwrites
+// D: a tile's first k-step starts a fresh sum. A0 .. C: the operand numbers after the N / 2 accumulators.
+#define WSQ_WGMMA_RS_E4M3(N, A0, A1, A2, A3, B, C, REGS, OPERANDS)                                     \
+  asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %" C ", 0;\n"                                     \
+               "wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " REGS                          \
+               ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", acc, 1, 1;\n}\n"                       \
+               : OPERANDS                                                                                 \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 template <int N>
 __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                               int accumulate) {
   static_assert(N == 64 || N == 128 || N == 72 || N == 136, "head_dim 64 or 128 (+ 8: step 16's column of ones)");
-  if constexpr (N == 136)
-    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %73, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 " WSQ_D68_REGS
-                 ", {%68, %69, %70, %71}, %72, acc, 1, 1;\n}\n"
-                 : WSQ_D68_OPERANDS
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  else if constexpr (N == 72)
-    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %41, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 " WSQ_D36_REGS
-                 ", {%36, %37, %38, %39}, %40, acc, 1, 1;\n}\n"
-                 : WSQ_D36_OPERANDS
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  else if constexpr (N == 128)
-    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WSQ_D64_REGS
-                 ", {%64, %65, %66, %67}, %68, acc, 1, 1;\n}\n"
-                 : WSQ_D64_OPERANDS
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  else
-    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WSQ_D32_REGS
-                 ", {%32, %33, %34, %35}, %36, acc, 1, 1;\n}\n"
-                 : WSQ_D32_OPERANDS
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  if constexpr (N == 136) WSQ_WGMMA_RS_E4M3("136", "68", "69", "70", "71", "72", "73", WSQ_D68_REGS, WSQ_D68_OPERANDS);
+  else if constexpr (N == 72) WSQ_WGMMA_RS_E4M3("72", "36", "37", "38", "39", "40", "41", WSQ_D36_REGS, WSQ_D36_OPERANDS);
+  else if constexpr (N == 128) WSQ_WGMMA_RS_E4M3("128", "64", "65", "66", "67", "68", "69", WSQ_D64_REGS, WSQ_D64_OPERANDS);
+  else WSQ_WGMMA_RS_E4M3("64", "32", "33", "34", "35", "36", "37", WSQ_D32_REGS, WSQ_D32_OPERANDS);
 }
 
 }  // namespace wsq::sm90
