@@ -2,7 +2,7 @@
 // of P_ij on the FMA pipe: 64 FADD a thread and tile, two dependent chains of 32, in the softmax that FP8.md §14
 // shows is the critical path, beside 64 ex2, 64 FFMA and 64 FMNMX. But l_i = P_ij 1 is one more column of P_ij V_j:
 // with Vt8 followed by rows of ones, the product P8 [V8 | 1] = [P8 V8 | P8 1] gives O~'s update and the row sum in the
-// same wgmma. The tensor cores have time to spare (busy 42-45 % of a tile) and wgmma's N grows by its smallest step,
+// same wgmma. The tensor cores have time to spare (busy 30-45 % of a tile) and wgmma's N grows by its smallest step,
 // 8 columns (the 8 rows of ones fill one 1024-byte swizzle atom, and a row of equal bytes is its own swizzle), so
 // the product gets 6 % longer at d = 128 and 12.5 % at d = 64 while the softmax loses its 64 FADD. Two more changes
 // follow: l_i is now the sum of the e4m3 values that multiply V, kPScale P rounded (steps 11-15 summed the unrounded
