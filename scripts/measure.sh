@@ -6,7 +6,7 @@
 #   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd, 05fp8, journey (04 includes the fp32
 #         PyTorch rows; 05: every forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
 #         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN; 05fp8: the FP8
-#         steps next to step 10 in fp16 and PyTorch's flash and cuDNN (05's FP8.md, section 12; alone, its default
+#         steps next to step 10 in fp16 and PyTorch's flash and cuDNN (05's FP8.md, section 15; alone, its default
 #         CSV is docs/results/<gpu>_fp8.csv); journey: every forward step of 00-05 and PyTorch's flash and cuDNN at
 #         one shape, B 4 H 16 N 4096 d 128: docs/journey.md (alone, its default CSV is docs/results/<gpu>_journey.csv).
 #         The two files of their own keep the chapters' own rows those of the chapters' runs.

@@ -33,6 +33,8 @@ void forward_v14_fp8_persistent(const fa::Problem& p, const fp8::View& in, fa::b
 void forward_v15_fp8_three_warpgroups(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 // ---- step 16 (FP8, sm_90a only): step 15 with the row sums l_i from P V's column of ones ----
 void forward_v16_fp8_row_sums(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+// ---- step 17 (FP8, sm_90a only): step 16 without the turn barriers at d = 128 ----
+void forward_v17_fp8_no_turns(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

@@ -1,13 +1,13 @@
-// Steps 11 to 16 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
-// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu), run on the CPU through tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt
-// tiles, the packing of P into A fragments (the permutation), the descales folded into S and O, on the bytes of the
-// model's quantisation pass (hopper/fp8_model.hpp, which fp8_quant.cu reproduces on the GPU). Judged by the fp8
-// rule: O and LSE vs the fp64 reference of the unquantised inputs at most 2x the plain fp8 attention's error plus
-// the floors. Ragged lengths, several K/V tiles, causal with rows that see no key, GQA, large logits, outliers,
-// per-block and per-tensor scales, with and without the Hadamard rotation; a negative softmax scale (step 12 takes
-// the minimum of S then); enough K/V tiles that each of step 12's three buffers is reused; 128 K/V tiles of positive
-// products, where an O~ kept in the e4m3 wgmma's accumulator across all tiles comes out too small (the emulation
-// models that accumulator's truncation, tests/emu/emu_sm90.hpp).
+// Steps 11 to 17 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
+// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu, v17_fp8_no_turns.cu), run on the CPU through
+// tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt tiles, the packing of P into A fragments (the permutation),
+// the descales folded into S and O, on the bytes of the model's quantisation pass (hopper/fp8_model.hpp, which
+// fp8_quant.cu reproduces on the GPU). Judged by the fp8 rule: O and LSE vs the fp64 reference of the unquantised
+// inputs at most 2x the plain fp8 attention's error plus the floors. Ragged lengths, several K/V tiles, causal with
+// rows that see no key, GQA, large logits, outliers, per-block and per-tensor scales, with and without the Hadamard
+// rotation; a negative softmax scale (step 12 takes the minimum of S then); enough K/V tiles that each of step 12's
+// three buffers is reused; 128 K/V tiles of positive products, where an O~ kept in the e4m3 wgmma's accumulator across
+// all tiles comes out too small (the emulation models that accumulator's truncation, tests/emu/emu_sm90.hpp).
 #include <doctest/doctest.h>
 
 #include <array>
@@ -37,39 +37,81 @@ std::vector<float> uniform_inputs(size_t n, uint64_t seed) {
   return x;
 }
 
+// A step's O (as bf16 bits) and LSE, from outputs poisoned with NaN first, as on the GPU.
+using Fp8Fn = void (*)(const fa::Problem&, const View&, fa::bfloat16_t*, float*);
+struct Output {
+  std::vector<uint16_t> o_bits;
+  std::vector<float> lse;
+  bool operator==(const Output& other) const {  // the same bits (a NaN in LSE differs from itself: compared as bytes)
+    return o_bits == other.o_bits && lse.size() == other.lse.size() &&
+           std::memcmp(lse.data(), other.lse.data(), lse.size() * sizeof(float)) == 0;
+  }
+};
+Output run_step(Fp8Fn step, const fa::Problem& p, const Quantised& z) {
+  std::vector<fa::bfloat16_t> out(p.q_elems());
+  Output r;
+  r.lse.resize(p.lse_elems());
+  std::memset(out.data(), 0xFF, out.size() * sizeof(fa::bfloat16_t));
+  std::memset(r.lse.data(), 0xFF, r.lse.size() * sizeof(float));
+  step(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(), r.lse.data());
+  r.o_bits.resize(out.size());
+  std::memcpy(r.o_bits.data(), out.data(), out.size() * sizeof(uint16_t));
+  return r;
+}
+
+// One problem's inputs, their quantised bytes and the fp64 reference, made once for all the steps checked on it.
 // qk_stddev scales Q and K (large logits); outliers: the fraction of entries drawn 10x larger; uniform: the
 // program's inputs instead of the lab's normal ones.
-using Fp8Fn = void (*)(const fa::Problem&, const View&, fa::bfloat16_t*, float*);
-void check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, double qk_stddev, double outliers,
-               bool uniform) {
-  INFO(std::string(name), ": ", p.heads, "/", p.kv_heads, " heads ", p.q_len, "x", p.kv_len, " d=", p.head_dim, " causal=", p.causal,
-       " scales ", std::string(o.scaling == Scaling::block ? "block" : "tensor"), " hadamard=", o.hadamard, " Q/K stddev ",
-       qk_stddev, " outliers ", outliers, " uniform ", uniform);
+struct Case {
+  fa::Problem p;
+  std::string what;
+  Quantised z;
+  Reference r;
+};
+Case make_case(const fa::Problem& p, Options o, double qk_stddev, double outliers, bool uniform) {
   auto q = uniform ? uniform_inputs(p.q_elems(), 1 + p.q_len) : lab_inputs(p.q_elems(), 1 + p.q_len, outliers),
        k = uniform ? uniform_inputs(p.kv_elems(), 2 + p.kv_len) : lab_inputs(p.kv_elems(), 2 + p.kv_len, outliers),
        v = uniform ? uniform_inputs(p.kv_elems(), 3) : lab_inputs(p.kv_elems(), 3, outliers);
   for (float& x : q) x = fa::to_float(fa::from_float<fa::bfloat16_t>(float(x * qk_stddev)));
   for (float& x : k) x = fa::to_float(fa::from_float<fa::bfloat16_t>(float(x * qk_stddev)));
-  const Quantised z = quantise(p, o, q.data(), k.data(), v.data());
-  std::vector<fa::bfloat16_t> out(p.q_elems());
-  std::vector<float> lse(p.lse_elems());
-  std::memset(out.data(), 0xFF, out.size() * sizeof(fa::bfloat16_t));  // NaN poison, as on the GPU
-  std::memset(lse.data(), 0xFF, lse.size() * sizeof(float));
-  step(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(),
-                       lse.data());
-  std::vector<float> o_f(out.size());
-  for (size_t x = 0; x < out.size(); ++x) o_f[x] = fa::to_float(out[x]);
-  const Reference r = reference(p, o, q, k, v, 1e30);
-  const wsq::LowpCheck c = check_forward(p, r, o_f, lse);
-  CHECK_MESSAGE(c.ok(), c.summary());
+  const std::string what = std::to_string(p.heads) + "/" + std::to_string(p.kv_heads) + " heads, batch " +
+                           std::to_string(p.batch) + ", " + std::to_string(p.q_len) + "x" + std::to_string(p.kv_len) +
+                           " d=" + std::to_string(p.head_dim) + " causal=" + std::to_string(p.causal) + " scales " +
+                           (o.scaling == Scaling::block ? "block" : "tensor") + " hadamard=" +
+                           std::to_string(o.hadamard) + " Q/K stddev " + std::to_string(qk_stddev) + " outliers " +
+                           std::to_string(outliers) + " uniform " + std::to_string(uniform);
+  return {p, what, quantise(p, o, q.data(), k.data(), v.data()), reference(p, o, q, k, v, 1e30)};
 }
+
+// A step judged by the fp8 rule; its output returned, for steps that must give the same bits.
+Output check_one(const char* name, Fp8Fn step, const Case& c) {
+  INFO(std::string(name), ": ", c.what);
+  Output out = run_step(step, c.p, c.z);
+  std::vector<float> o_f(out.o_bits.size());
+  for (size_t x = 0; x < o_f.size(); ++x) o_f[x] = fa::bits_to_float(uint32_t(out.o_bits[x]) << 16);
+  const wsq::LowpCheck check = check_forward(c.p, c.r, o_f, out.lse);
+  CHECK_MESSAGE(check.ok(), check.summary());
+  return out;
+}
+Output check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, double qk_stddev, double outliers,
+                 bool uniform) {
+  return check_one(name, step, make_case(p, o, qk_stddev, outliers, uniform));
+}
+// Every fp8 step on one problem. Step 17 is step 16 without the turn barriers: the same arithmetic in each
+// warpgroup, so it must give step 16's bits; at d = 64 the two compile to the same code (no turns there in step 16
+// either), so it runs at d = 128 only.
 void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0, bool uniform = false) {
-  check_one("v11_fp8", wsq::forward_v11_fp8, p, o, qk_stddev, outliers, uniform);
-  check_one("v12_fp8_lean", wsq::forward_v12_fp8_lean, p, o, qk_stddev, outliers, uniform);
-  check_one("v13_fp8_scales_ahead", wsq::forward_v13_fp8_scales_ahead, p, o, qk_stddev, outliers, uniform);
-  check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, p, o, qk_stddev, outliers, uniform);
-  check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, p, o, qk_stddev, outliers, uniform);
-  check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, p, o, qk_stddev, outliers, uniform);
+  const Case c = make_case(p, o, qk_stddev, outliers, uniform);
+  check_one("v11_fp8", wsq::forward_v11_fp8, c);
+  check_one("v12_fp8_lean", wsq::forward_v12_fp8_lean, c);
+  check_one("v13_fp8_scales_ahead", wsq::forward_v13_fp8_scales_ahead, c);
+  check_one("v14_fp8_persistent", wsq::forward_v14_fp8_persistent, c);
+  check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, c);
+  const Output o16 = check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, c);
+  if (p.head_dim == 128) {
+    INFO("v17_fp8_no_turns: ", c.what);
+    CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, c.z) == o16);
+  }
 }
 
 }  // namespace
@@ -133,16 +175,6 @@ TEST_CASE("emulated FP8 step 14: one block runs many items of different lengths,
 // rescaled by the V scales): the fp8 rule above judges those. Both schedules, items of different lengths, heads
 // and batches mixed, ragged lengths and Q lengths that are and are not multiples of 192 and of 128.
 TEST_CASE("emulated FP8 step 15: three consumer warpgroups give step 14's bits without a mask, launch after launch") {
-  auto run = [](Fp8Fn step, const fa::Problem& p, const Quantised& z, std::vector<uint16_t>& o_bits,
-                std::vector<float>& lse) {
-    std::vector<fa::bfloat16_t> out(p.q_elems());
-    lse.assign(p.lse_elems(), 0.f);
-    std::memset(out.data(), 0xFF, out.size() * sizeof(fa::bfloat16_t));
-    std::memset(lse.data(), 0xFF, lse.size() * sizeof(float));
-    step(p, {z.q.data(), z.k.data(), z.vt.data(), z.sq.data(), z.sk.data(), z.sv.data()}, out.data(), lse.data());
-    o_bits.resize(out.size());
-    std::memcpy(o_bits.data(), out.data(), out.size() * sizeof(uint16_t));
-  };
   for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
     emu9::schedule = schedule;
     for (const auto& [H, Hkv, B, nq, nk, d] : std::vector<std::array<int, 6>>{
@@ -157,14 +189,8 @@ TEST_CASE("emulated FP8 step 15: three consumer warpgroups give step 14's bits w
       const auto q = lab_inputs(p.q_elems(), 11 + nq, 0.01), k = lab_inputs(p.kv_elems(), 12 + nk, 0.01),
                  v = lab_inputs(p.kv_elems(), 13, 0.01);
       const Quantised z = quantise(p, rotated, q.data(), k.data(), v.data());
-      std::vector<uint16_t> o14, o15;
-      std::vector<float> lse14, lse15;
-      run(wsq::forward_v14_fp8_persistent, p, z, o14, lse14);
-      for (int launch = 0; launch < 2; ++launch) {
-        run(wsq::forward_v15_fp8_three_warpgroups, p, z, o15, lse15);
-        CHECK(o15 == o14);
-        CHECK(std::memcmp(lse15.data(), lse14.data(), lse14.size() * sizeof(float)) == 0);
-      }
+      const Output o14 = run_step(wsq::forward_v14_fp8_persistent, p, z);
+      for (int launch = 0; launch < 2; ++launch) CHECK(run_step(wsq::forward_v15_fp8_three_warpgroups, p, z) == o14);
     }
     check_one("v15_fp8_three_warpgroups", wsq::forward_v15_fp8_three_warpgroups, make(7, 1, 200, 200, 64, true), {},
               1.0, 0.01, false);  // causal: 7 heads in groups, items of 192 rows and of 8
@@ -190,6 +216,32 @@ TEST_CASE("emulated FP8 step 16: the row sums from P V's column of ones, launch 
     check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, make(2, 2, 400, 150, 128, true), {}, 1.0, 0.0, false);
     check_one("v16_fp8_row_sums", wsq::forward_v16_fp8_row_sums, make(4, 2, 257, 300, 128, false), {}, 1.0, 0.01,
               false);
+  }
+  emu9::schedule = emu9::Schedule::round_robin;
+}
+
+// Step 17 drops step 16's turn barriers at d = 128: each warpgroup computes the same rows from the same tiles in the
+// same order, so O and LSE must be step 16's bits. What the turns also did, keeping the two warpgroups within a tile
+// of each other, now rests on the K/V buffers' mbarriers alone (every consumer thread must release a buffer before
+// the producer refills it): the lowest-first schedule lets one warpgroup run as far ahead of the other as they allow.
+// Two emulated SMs, both schedules, items of different lengths (causal, rows without keys), heads and batches mixed
+// (launched twice), GQA, outliers.
+TEST_CASE("emulated FP8 step 17: no turn barriers at d = 128, step 16's bits, launch after launch, both schedules") {
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
+    emu9::schedule = schedule;
+    for (const auto& [H, Hkv, B, nq, nk, causal] :
+         std::vector<std::array<int, 6>>{{3, 1, 2, 200, 260, 1}, {2, 2, 1, 400, 150, 1}, {1, 1, 1, 1, 17, 0}}) {
+      fa::Problem p = make(H, Hkv, nq, nk, 128, causal != 0);
+      p.batch = B;
+      INFO(std::string(emu9::schedule_name(schedule)), " schedule, ", H, "/", Hkv, " heads, batch ", B, ", ", nq, "x",
+           nk, " causal=", causal);
+      const auto q = lab_inputs(p.q_elems(), 21 + nq, 0.01), k = lab_inputs(p.kv_elems(), 22 + nk, 0.01),
+                 v = lab_inputs(p.kv_elems(), 23, 0.01);
+      const Quantised z = quantise(p, {}, q.data(), k.data(), v.data());
+      const Output o16 = run_step(wsq::forward_v16_fp8_row_sums, p, z);
+      CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, z) == o16);
+      if (B > 1) CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, z) == o16);  // the work counter back at 0
+    }
   }
   emu9::schedule = emu9::Schedule::round_robin;
 }
