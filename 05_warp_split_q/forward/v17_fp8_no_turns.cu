@@ -2,12 +2,12 @@
 // warpgroups take turns at issuing their products, so that one's products ran while the other computed its softmax;
 // step 15 dropped the turns for its three warpgroups at d = 64. At d = 128 they cost two named-barrier instructions a
 // warp and tile, and a warpgroup that is ready to issue waits until the other has issued. In fp16 the products were
-// the long part of a tile and the turns kept them back to back; in e4m3 a warpgroup's two products take about 520
-// cycles of the tensor cores and its softmax about twice that, so the wait buys nothing. And the order comes back
+// the long part of a tile and the turns kept them back to back; in e4m3 a warpgroup's two products take about 530
+// cycles of the tensor cores and its softmax roughly twice that, so the wait buys nothing. And the order comes back
 // without them: the tensor cores are one resource, so when both warpgroups issue at once one's S_ij arrives about a
-// product's time before the other's, and their softmaxes start apart again. No correctness rested on the turns: the
-// mbarriers of every buffer count all consumer threads, so a warpgroup may now run ahead of the other by as many
-// K/V tiles as the three buffers allow, and the arithmetic of each warpgroup is step 16's (the same bits).
+// product's time before the other's, and their softmaxes start apart again. No correctness rested on the turns: each
+// buffer's empty mbarrier counts all consumer threads, so a warpgroup may now run ahead of the other by as many K/V
+// tiles as the three buffers allow, and the arithmetic of each warpgroup is step 16's (the same bits).
 // On an H200 (FP8.md §14), against step 16 at d = 128: +0.4 to +1.6 % from N = 2048 on, +1.0 to +3.0 % at N = 1024,
 // level at N = 512. At d = 64 the same code as step 16 (its three warpgroups had no turns).
 // `diff v16_fp8_row_sums.cu v17_fp8_no_turns.cu` is the lesson.
