@@ -35,6 +35,8 @@ void forward_v15_fp8_three_warpgroups(const fa::Problem& p, const fp8::View& in,
 void forward_v16_fp8_row_sums(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 // ---- step 17 (FP8, sm_90a only): step 16 without the turn barriers at d = 128 ----
 void forward_v17_fp8_no_turns(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+// ---- step 18 (FP8, sm_90a only): step 17 with O_i written through shared memory by a TMA store ----
+void forward_v18_fp8_tma_store(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

@@ -43,23 +43,12 @@ __device__ __forceinline__ void wgmma_ss_n64_mn(float (&d)[32], uint64_t desc_a,
 }
 
 // ---- bulk reduce-add: global[0 .. bytes) += shared[0 .. bytes) (fp32), both 16-byte aligned, bytes a multiple of
-// 16. Asynchronous like a TMA copy, but tracked by the issuing thread's bulk groups instead of an mbarrier:
-// commit_group closes the copies issued since the last commit into a group, wait_group_read N returns once at most
-// the N newest groups may still be READING their shared-memory source (the tile may then be rewritten), wait_group N
-// once at most N are still running at all (the additions done). ----
+// 16. Asynchronous like a TMA copy, but tracked by the issuing thread's bulk groups instead of an mbarrier, as a TMA
+// store is (wgmma.cuh: bulk_commit, bulk_wait_read, bulk_wait; bulk_wait: the additions done). ----
 __device__ __forceinline__ void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
                "r"(smem_addr(shared)), "r"(bytes)
                : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- step 14's ordered dQ: a counter in global memory per dQ tile says how many K/V blocks have added their share

@@ -23,7 +23,8 @@ namespace wsq::sm90 {
 
 // Map of a [planes][rows][head_dim] 16-bit tensor (planes = batch x heads), read in boxes of kPanelCols columns x
 // box_rows rows of one plane, written to shared memory with the 128-byte swizzle that the wgmma descriptors of
-// wgmma.cuh expect. Rows past `rows` (a tail tile) arrive as zeros.
+// wgmma.cuh expect. Rows past `rows` (a tail tile) arrive as zeros. A TMA store (step 18's O) reads a box laid out
+// the same way, and writes none of the rows past `rows`.
 template <class T>
 CUtensorMap tensor_map(const T* base, int head_dim, int rows, int planes, int box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {

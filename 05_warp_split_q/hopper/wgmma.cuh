@@ -99,6 +99,28 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
+// ---- TMA store: the box at (c0, c1, c2) of the tensor `map` describes, from shared memory at src (laid out as a
+// load with the same map writes it: 128-byte swizzle); elements outside the tensor are not written. Tracked by the
+// issuing thread's bulk groups instead of an mbarrier: bulk_commit closes the copies issued since the last commit into
+// a group; bulk_wait_read<N> returns once at most the N newest groups may still be READING their shared-memory source
+// (it may then be rewritten), bulk_wait<N> once at most N are still running at all (their writes done). The source
+// must have been written before the copy with fence_view_async_shared (the copy reads it through the async proxy). ----
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ---- wgmma matrix descriptors for tiles stored as TMA writes them with 128-byte swizzle: "panels" of 64 16-bit
 // columns (128 bytes a row), rows 128 bytes apart, 8-row atoms of 1024 bytes (16-byte chunk c of row r sits at
 // chunk c XOR (r % 8)). The tensor cores apply that XOR to the address bits themselves (bits 4-6 XOR bits 7-9), so

@@ -1,5 +1,5 @@
-// Steps 11 to 17 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
-// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu, v17_fp8_no_turns.cu), run on the CPU through
+// Steps 11 to 18 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
+// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu, v17_fp8_no_turns.cu, v18_fp8_tma_store.cu), run on the CPU through
 // tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt tiles, the packing of P into A fragments (the permutation),
 // the descales folded into S and O, on the bytes of the model's quantisation pass (hopper/fp8_model.hpp, which
 // fp8_quant.cu reproduces on the GPU). Judged by the fp8 rule: O and LSE vs the fp64 reference of the unquantised
@@ -99,7 +99,8 @@ Output check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, 
 }
 // Every fp8 step on one problem. Step 17 is step 16 without the turn barriers: the same arithmetic in each
 // warpgroup, so it must give step 16's bits; at d = 64 the two compile to the same code (no turns there in step 16
-// either), so it runs at d = 128 only.
+// either), so it runs at d = 128 only. Step 18 only writes O differently (a TMA store): step 16's bits too, here at
+// d = 128 (at d = 64 in its own case below).
 void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0, bool uniform = false) {
   const Case c = make_case(p, o, qk_stddev, outliers, uniform);
   check_one("v11_fp8", wsq::forward_v11_fp8, c);
@@ -111,6 +112,8 @@ void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double o
   if (p.head_dim == 128) {
     INFO("v17_fp8_no_turns: ", c.what);
     CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, c.z) == o16);
+    INFO("v18_fp8_tma_store: ", c.what);
+    CHECK(run_step(wsq::forward_v18_fp8_tma_store, p, c.z) == o16);
   }
 }
 
@@ -220,6 +223,29 @@ TEST_CASE("emulated FP8 step 16: the row sums from P V's column of ones, launch 
   emu9::schedule = emu9::Schedule::round_robin;
 }
 
+namespace {
+// `step` must give `before`'s O and LSE bits on each shape {H, Hkv, B, nq, nk, d, causal}, under both schedules of an
+// emulated GPU of two SMs, a batch launched twice (the work counter back at 0); inputs with outliers, seeded by `seed`.
+void check_same_bits(Fp8Fn before, Fp8Fn step, const std::vector<std::array<int, 7>>& shapes, int seed) {
+  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
+    emu9::schedule = schedule;
+    for (const auto& [H, Hkv, B, nq, nk, d, causal] : shapes) {
+      fa::Problem p = make(H, Hkv, nq, nk, d, causal != 0);
+      p.batch = B;
+      INFO(std::string(emu9::schedule_name(schedule)), " schedule, ", H, "/", Hkv, " heads, batch ", B, ", ", nq, "x",
+           nk, " d=", d, " causal=", causal);
+      const auto q = lab_inputs(p.q_elems(), seed + nq, 0.01), k = lab_inputs(p.kv_elems(), seed + 1 + nk, 0.01),
+                 v = lab_inputs(p.kv_elems(), seed + 2, 0.01);
+      const Quantised z = quantise(p, {}, q.data(), k.data(), v.data());
+      const Output expected = run_step(before, p, z);
+      CHECK(run_step(step, p, z) == expected);
+      if (B > 1) CHECK(run_step(step, p, z) == expected);
+    }
+  }
+  emu9::schedule = emu9::Schedule::round_robin;
+}
+}  // namespace
+
 // Step 17 drops step 16's turn barriers at d = 128: each warpgroup computes the same rows from the same tiles in the
 // same order, so O and LSE must be step 16's bits. What the turns also did, keeping the two warpgroups within a tile
 // of each other, now rests on the K/V buffers' mbarriers alone (every consumer thread must release a buffer before
@@ -227,21 +253,21 @@ TEST_CASE("emulated FP8 step 16: the row sums from P V's column of ones, launch 
 // Two emulated SMs, both schedules, items of different lengths (causal, rows without keys), heads and batches mixed
 // (launched twice), GQA, outliers.
 TEST_CASE("emulated FP8 step 17: no turn barriers at d = 128, step 16's bits, launch after launch, both schedules") {
-  for (const emu9::Schedule schedule : {emu9::Schedule::round_robin, emu9::Schedule::lowest_first}) {
-    emu9::schedule = schedule;
-    for (const auto& [H, Hkv, B, nq, nk, causal] :
-         std::vector<std::array<int, 6>>{{3, 1, 2, 200, 260, 1}, {2, 2, 1, 400, 150, 1}, {1, 1, 1, 1, 17, 0}}) {
-      fa::Problem p = make(H, Hkv, nq, nk, 128, causal != 0);
-      p.batch = B;
-      INFO(std::string(emu9::schedule_name(schedule)), " schedule, ", H, "/", Hkv, " heads, batch ", B, ", ", nq, "x",
-           nk, " causal=", causal);
-      const auto q = lab_inputs(p.q_elems(), 21 + nq, 0.01), k = lab_inputs(p.kv_elems(), 22 + nk, 0.01),
-                 v = lab_inputs(p.kv_elems(), 23, 0.01);
-      const Quantised z = quantise(p, {}, q.data(), k.data(), v.data());
-      const Output o16 = run_step(wsq::forward_v16_fp8_row_sums, p, z);
-      CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, z) == o16);
-      if (B > 1) CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, z) == o16);  // the work counter back at 0
-    }
-  }
-  emu9::schedule = emu9::Schedule::round_robin;
+  check_same_bits(wsq::forward_v16_fp8_row_sums, wsq::forward_v17_fp8_no_turns,
+                  {{3, 1, 2, 200, 260, 128, 1}, {2, 2, 1, 400, 150, 128, 1}, {1, 1, 1, 1, 17, 128, 0}}, 21);
+}
+
+// Step 18 writes O through a staging tile per warpgroup and a TMA store; its values are step 17's, so O and LSE must
+// be step 17's bits. What can go wrong is the handover of the tile (emu_sm90.hpp's bulk copies): a warpgroup that
+// hands it to the store before all its threads wrote it, or writes the next item's rows before the store has read
+// the last one, stops the emulation; a store no wait_group retired before the block ends does too. Two emulated SMs,
+// so each block writes several items through the same tile; both schedules; d = 64 (three warpgroups, one panel)
+// and 128 (two, two panels); Q lengths that are not multiples of 64 (rows past the end lie outside the tensor map,
+// and at 200 rows the second item's last two warpgroups have none inside: their whole box is dropped); causal items
+// without keys (O = 0, LSE = -inf written all the same); GQA; batches (launched twice); outliers.
+TEST_CASE("emulated FP8 step 18: O through a TMA store, step 17's bits, launch after launch, both schedules") {
+  check_same_bits(wsq::forward_v17_fp8_no_turns, wsq::forward_v18_fp8_tma_store,
+                  {{3, 1, 2, 200, 260, 64, 1}, {2, 2, 1, 400, 150, 128, 1}, {4, 2, 1, 97, 203, 128, 0},
+                   {1, 1, 1, 1, 17, 64, 0}, {2, 1, 1, 200, 300, 64, 0}},
+                  31);
 }

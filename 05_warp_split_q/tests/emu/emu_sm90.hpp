@@ -22,6 +22,10 @@
 //     (a wait missing or too late) computes garbage. Its shared-memory operands are read at issue and again at that
 //     wait: if they changed in between (a buffer released and refilled while the wgmma still reads it), the test
 //     stops with an error.
+//   * Bulk copies shared -> global (step 18's TMA store of O; the backward's bulk reduce-add) land when a
+//     wait_group of the issuing thread retires them, and stop the test if their source changed since the copy was
+//     issued (a barrier missing before it, or a wait missing before the source is rewritten) or if a thread ends
+//     with one not retired.
 //   * Thread block clusters (chapter 06's decode GEMM, gemm/flat_wgmma.cu): a cluster's blocks run together, their
 //     threads all in one schedule, each block with its own shared memory (garbage at the start; NaN once every
 //     thread of the block has finished, so a peer reading it after it left reads NaN); the cluster barrier counts
@@ -501,6 +505,92 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b)
   });
 }
 
+// ---- bulk copies shared -> global (step 18's TMA store; emu_sm90_bwd.hpp's bulk reduce-add), tracked by the
+// issuing thread's bulk groups. Emulated as late as the PTX ISA allows, as a TMA load is: the copy only records its
+// source (and a snapshot of it); commit_group closes the recorded copies into a group; a copy reads its source and
+// writes (or adds to) global memory when a wait_group (.read or not) retires its group. So a kernel that never waits
+// never writes, and one that rewrites the source before the wait that allows it (a wait missing or too late), or
+// hands it over before every thread has written it (the snapshot then differs from what is there at the wait), is
+// stopped with an error, as a wgmma whose operands change is. ----
+struct BulkCopy {
+  const unsigned char* shared;                     // the source, in this block's shared memory
+  std::vector<unsigned char> source;               // the source as it was at issue
+  std::function<void(const unsigned char*)> land;  // what the copy does with the source: write or add it globally
+  const char* what;                                // the instruction, for the error
+};
+struct BulkGroups {
+  std::vector<BulkCopy> open;
+  std::vector<std::vector<BulkCopy>> committed;  // oldest first
+  size_t unfinished = 0;  // committed groups no wait_group without .read has waited for (their writes may be running)
+};
+inline std::vector<BulkGroups> bulk;  // per thread of the block
+
+inline void bulk_commit() {
+  BulkGroups& b = bulk[emu9::current];
+  b.committed.push_back(std::move(b.open));
+  b.open.clear();
+  ++b.unfinished;
+}
+// Retires every committed group but the N newest: each copy reads its source now (which must still be what it was
+// at issue) and lands.
+template <int N>
+inline void bulk_retire() {
+  emu9::yield();  // the copies take time: other threads may run meanwhile (round robin: every other one does)
+  BulkGroups& b = bulk[emu9::current];
+  while (b.committed.size() > size_t(N)) {
+    for (const BulkCopy& c : b.committed.front()) {
+      if (std::memcmp(c.shared, c.source.data(), c.source.size()) != 0) {
+        std::fprintf(stderr, "emulated %s (%s schedule): thread %d: its shared-memory source changed between the copy "
+                             "and the wait_group that retires it (a barrier or a wait missing, or too late)\n",
+                     c.what, emu9::schedule_name(emu9::schedule), emu9::current);
+        std::abort();
+      }
+      c.land(c.shared);
+    }
+    b.committed.erase(b.committed.begin());
+  }
+}
+template <int N>
+inline void bulk_wait_read() {
+  bulk_retire<N>();
+}
+template <int N>
+inline void bulk_wait() {
+  bulk_retire<N>();
+  BulkGroups& b = bulk[emu9::current];
+  b.unfinished = std::min(b.unfinished, size_t(N));
+}
+// A block whose thread ends with a bulk copy no wait_group has retired leaves the copy reading shared memory that is
+// no longer the block's.
+inline void check_bulk_retired() {
+  for (size_t t = 0; t < bulk.size(); ++t)
+    if (!bulk[t].open.empty() || !bulk[t].committed.empty()) {
+      std::fprintf(stderr, "emulated launch: thread %zu ended with a bulk copy (%s) that no wait_group retired\n", t,
+                   (bulk[t].open.empty() ? bulk[t].committed.front().front() : bulk[t].open.front()).what);
+      std::abort();
+    }
+}
+
+// A TMA store: the box at (c0, c1, c2) from shared memory laid out as copy_box writes it (128-byte swizzle); nothing
+// outside the tensor is written.
+inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  const auto* from = static_cast<const unsigned char*>(src);
+  const CUtensorMap m = *map;
+  auto write = [m, c0, c1, c2](const unsigned char* box) {
+    auto* out = static_cast<uint16_t*>(const_cast<void*>(m.base));
+    for (int r = 0; r < m.box_rows; ++r)
+      for (int c = 0; c < kPanelCols; ++c) {
+        const int row = c1 + r, col = c0 + c;
+        if (row >= 0 && row < m.rows && col >= 0 && col < m.cols && c2 >= 0 && c2 < m.planes)
+          std::memcpy(&out[(size_t(c2) * m.rows + row) * m.cols + col],
+                      box + swizzle128(uint32_t(r) * kRowBytes + c * 2), 2);
+      }
+  };
+  const size_t bytes = size_t(m.box_rows) * kRowBytes;
+  bulk[emu9::current].open.push_back({from, std::vector<unsigned char>(from, from + bytes), write,
+                                      "cp.async.bulk.tensor (a TMA store)"});
+}
+
 // Fresh blocks for every launch (or cluster): shared memory garbage (like real shared memory), no barrier, TMA copy or
 // wgmma left from the blocks before. Internal, like everything here that touches this file's shared memory.
 inline void reset_blocks(int threads, int blocks) {
@@ -514,6 +604,7 @@ inline void reset_blocks(int threads, int blocks) {
   emu9::cluster_barrier = {};
   emu9::cluster_arrived_at.assign(size_t(threads) * blocks, 0);
   wgmmas.assign(size_t(threads) * blocks, {});
+  bulk.assign(size_t(threads) * blocks, {});
 }
 
 // A block that ends with arrivals on a named barrier that no thread waited for has an arrive too many (or a wait
@@ -530,7 +621,7 @@ inline void check_named_barriers_idle() {
 
 // The grid, clusters of `cluster_y` blocks along y (1: blocks one after another), each block with `threads` emulated
 // threads running `call` (the kernel with its arguments); `reset_more` clears what a header adds to a block's state
-// (emu_sm90_bwd.hpp: the bulk groups, one cluster of one block at a time).
+// (emu_sm90_bwd.hpp: step 14's turns, one cluster of one block at a time).
 inline void run_grid(dim3 grid, int threads, size_t smem_bytes, std::function<void()> call,
                      void (*reset_more)(int threads) = nullptr, int cluster_y = 1) {
   if (smem_bytes > kSmemBytes) throw std::runtime_error("emulated launch: too much shared memory");
@@ -548,6 +639,7 @@ inline void run_grid(dim3 grid, int threads, size_t smem_bytes, std::function<vo
         emu9::body = [] { run(); };
         emu9::run_blocks(threads, cluster_y, dim3(bx, by, bz));
         check_named_barriers_idle();
+        check_bulk_retired();
       }
 }
 

@@ -1,12 +1,11 @@
 // The sm_90 emulation (emu_sm90.hpp) extended to what the backward's Hopper steps 9-14 use besides the forward's
 // (hopper/bwd_sm90.cuh, whose guard is defined here): the m64n64k16 wgmma with K-major or MN-major ("transposed")
 // shared-memory operands, float2 and its atomicAdd, a launch of any kernel signature,
-// the bulk reduce-add with its bulk groups, and step 14's dQ counters. Include it before a backward Hopper file.
-// The bulk reduce-add is emulated as late as the PTX ISA allows, as a TMA load is: cp.reduce.async.bulk only
-// records the copy (and a snapshot of its source); commit_group closes the recorded copies into a group; the
-// additions to global memory happen when a wait_group (.read or not) retires the group. So a kernel that never waits
-// never adds (dQ comes out wrong), and a kernel that rewrites the source tile before the wait that lets it (a wait
-// missing or too late) is stopped with an error, as a wgmma whose operands change is.
+// the bulk reduce-add, and step 14's dQ counters. Include it before a backward Hopper file.
+// The bulk reduce-add is one of emu_sm90.hpp's bulk copies, emulated as late as the PTX ISA allows: its additions to
+// global memory happen when a wait_group (.read or not) retires its group. So a kernel that never waits never adds
+// (dQ comes out wrong), and a kernel that rewrites the source tile before the wait that lets it (a wait missing or too
+// late) is stopped with an error, as a wgmma whose operands change is.
 #pragma once
 #include "emu_sm90.hpp"
 #define WSQ_BWD_SM90_CUH
@@ -63,22 +62,14 @@ inline void wgmma_ss_n64_mn(float (&d)[32], uint64_t desc_a, uint64_t desc_b, in
   });
 }
 
-// ---- bulk reduce-add ----
-struct BulkCopy {
-  float* global;
-  const float* shared;
-  std::vector<float> source;  // the source as it was at issue
-};
-struct BulkGroups {
-  std::vector<BulkCopy> open;
-  std::vector<std::vector<BulkCopy>> committed;  // oldest first
-  size_t unfinished = 0;  // committed groups no wait_group without .read has waited for (their adds may be running)
+// ---- bulk reduce-add: a bulk copy (emu_sm90.hpp) that adds its source to global memory when it lands ----
+struct Turns {
   const int* waited = nullptr;  // step 14: the dQ counter this thread last waited on (nullptr: none since a release)
   bool takes_turns = false;     // step 14: this thread has waited for a turn (the ordered mode)
 };
-inline std::vector<BulkGroups> bulk;  // per thread of the block
+inline std::vector<Turns> turns;  // per thread of the block
 inline bool block_takes_turns() {
-  return std::any_of(bulk.begin(), bulk.end(), [](const BulkGroups& b) { return b.takes_turns; });
+  return std::any_of(turns.begin(), turns.end(), [](const Turns& t) { return t.takes_turns; });
 }
 
 inline void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) {
@@ -86,49 +77,23 @@ inline void bulk_reduce_add(float* global, const float* shared, uint32_t bytes) 
     std::fprintf(stderr, "emulated cp.reduce.async.bulk: address or size not a multiple of 16 bytes\n");
     std::abort();
   }
-  BulkGroups& b = bulk[emu9::current];
-  if (b.takes_turns && !b.waited) {  // step 14: once a thread takes turns, every add of its must be in one
+  // step 14: once a thread takes turns, every add of its must be in one
+  if (turns[emu9::current].takes_turns && !turns[emu9::current].waited) {
     std::fprintf(stderr, "emulated cp.reduce.async.bulk (%s schedule): thread %d: a reduce-add outside its turn (no "
                          "dQ counter waited on since its last release)\n", emu9::schedule_name(emu9::schedule),
                  emu9::current);
     std::abort();
   }
-  b.open.push_back({global, shared, std::vector<float>(shared, shared + bytes / 4)});
-}
-inline void bulk_commit() {
-  BulkGroups& b = bulk[emu9::current];
-  b.committed.push_back(std::move(b.open));
-  b.open.clear();
-  ++b.unfinished;
-}
-// Retires every committed group but the N newest: each copy reads its source now (which must still be what it was
-// at issue) and adds it to global memory.
-template <int N>
-inline void bulk_retire() {
-  emu9::yield();  // the copies take time: other threads may run meanwhile (round robin: every other one does)
-  BulkGroups& b = bulk[emu9::current];
-  while (b.committed.size() > size_t(N)) {
-    for (const BulkCopy& c : b.committed.front()) {
-      if (std::memcmp(c.shared, c.source.data(), c.source.size() * sizeof(float)) != 0) {
-        std::fprintf(stderr, "emulated cp.reduce.async.bulk (%s schedule): thread %d: its shared-memory source "
-                             "changed before the wait_group that retires it (a wait missing or too late)\n",
-                     emu9::schedule_name(emu9::schedule), emu9::current);
-        std::abort();
-      }
-      for (size_t x = 0; x < c.source.size(); ++x) c.global[x] += c.source[x];
+  const auto* from = reinterpret_cast<const unsigned char*>(shared);
+  auto add = [global, n = bytes / 4](const unsigned char* src) {
+    for (uint32_t x = 0; x < n; ++x) {
+      float v;
+      std::memcpy(&v, src + 4 * x, 4);
+      global[x] += v;
     }
-    b.committed.erase(b.committed.begin());
-  }
-}
-template <int N>
-inline void bulk_wait_read() {
-  bulk_retire<N>();
-}
-template <int N>
-inline void bulk_wait() {
-  bulk_retire<N>();
-  BulkGroups& b = bulk[emu9::current];
-  b.unfinished = std::min(b.unfinished, size_t(N));
+  };
+  bulk[emu9::current].open.push_back(
+      {from, std::vector<unsigned char>(from, from + bytes), add, "cp.reduce.async.bulk"});
 }
 
 // ---- step 14's dQ counters. The blocks run one after another in launch order, so a block's turn has come when it
@@ -140,12 +105,12 @@ inline void bulk_wait() {
 // The fences and the acquire/release scopes are not checked: the emulation is sequentially consistent. ----
 inline void dq_order_wait(const int* counter, int turn) {
   emu9::wait_until([=] { return *counter == turn; }, "a dQ counter (its turn never comes)");
-  bulk[emu9::current].waited = counter;
-  bulk[emu9::current].takes_turns = true;
+  turns[emu9::current].waited = counter;
+  turns[emu9::current].takes_turns = true;
 }
 inline void dq_order_release(int* counter) {
-  BulkGroups& b = bulk[emu9::current];
-  const char* wrong = b.waited != counter          ? "without waiting for its turn on it first"
+  const BulkGroups& b = bulk[emu9::current];
+  const char* wrong = turns[emu9::current].waited != counter ? "without waiting for its turn on it first"
                       : !b.open.empty() || b.unfinished ? "before the wait_group (not .read) of its bulk reduce-adds"
                                                         : nullptr;
   if (wrong) {
@@ -153,14 +118,14 @@ inline void dq_order_release(int* counter) {
                  emu9::schedule_name(emu9::schedule), emu9::current, wrong);
     std::abort();
   }
-  b.waited = nullptr;
+  turns[emu9::current].waited = nullptr;
   ++*counter;
 }
 
-// A launch of any signature (launch_tma's, with the bulk groups cleared for every block too).
+// A launch of any signature (launch_tma's, with step 14's turns cleared for every block too).
 template <class... Params, class... Args>
 void launch_sm90(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes, Args... args) {
-  run_grid(grid, threads, smem_bytes, [=] { kernel(args...); }, [](int n) { bulk.assign(n, {}); });
+  run_grid(grid, threads, smem_bytes, [=] { kernel(args...); }, [](int n) { turns.assign(n, {}); });
 }
 
 }  // namespace
