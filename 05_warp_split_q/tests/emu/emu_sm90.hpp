@@ -327,17 +327,26 @@ inline void named_bar_arrive(int id, int threads) {
   emu9::yield();
 }
 
-// One box of kPanelCols columns x box_rows rows of one plane, swizzled into shared memory; its bytes counted.
+// The box of kPanelCols columns x box_rows rows at (c0, c1, c2), element by element: f(at, byte) with `at` its index
+// in the tensor (-1 outside it) and `byte` its offset in the box as TMA lays it out in shared memory (128-byte swizzle).
+template <class F>
+inline void for_each_in_box(const CUtensorMap& map, int c0, int c1, int c2, F f) {
+  for (int r = 0; r < map.box_rows; ++r)
+    for (int c = 0; c < kPanelCols; ++c) {
+      const int row = c1 + r, col = c0 + c;
+      const bool inside = row >= 0 && row < map.rows && col >= 0 && col < map.cols && c2 >= 0 && c2 < map.planes;
+      f(inside ? (long(c2) * map.rows + row) * map.cols + col : -1L, swizzle128(uint32_t(r) * kRowBytes + c * 2));
+    }
+}
+
+// One box swizzled into shared memory (zeros outside the tensor); its bytes counted.
 inline void copy_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   auto* out = static_cast<unsigned char*>(dst);
   const auto* in = static_cast<const uint16_t*>(map->base);
-  for (int r = 0; r < map->box_rows; ++r)
-    for (int c = 0; c < kPanelCols; ++c) {
-      const int row = c1 + r, col = c0 + c;
-      const bool inside = row < map->rows && col < map->cols && c2 < map->planes;
-      const uint16_t x = inside ? in[(size_t(c2) * map->rows + row) * map->cols + col] : 0;
-      std::memcpy(out + swizzle128(uint32_t(r) * kRowBytes + c * 2), &x, 2);
-    }
+  for_each_in_box(*map, c0, c1, c2, [&](long at, uint32_t byte) {
+    const uint16_t x = at >= 0 ? in[at] : 0;
+    std::memcpy(out + byte, &x, 2);
+  });
   emu9::Mbar& m = emu9::mbar(bar);
   m.tx -= long(map->box_rows) * kRowBytes;
   emu9::mbar_check(m);
@@ -578,13 +587,9 @@ inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1
   const CUtensorMap m = *map;
   auto write = [m, c0, c1, c2](const unsigned char* box) {
     auto* out = static_cast<uint16_t*>(const_cast<void*>(m.base));
-    for (int r = 0; r < m.box_rows; ++r)
-      for (int c = 0; c < kPanelCols; ++c) {
-        const int row = c1 + r, col = c0 + c;
-        if (row >= 0 && row < m.rows && col >= 0 && col < m.cols && c2 >= 0 && c2 < m.planes)
-          std::memcpy(&out[(size_t(c2) * m.rows + row) * m.cols + col],
-                      box + swizzle128(uint32_t(r) * kRowBytes + c * 2), 2);
-      }
+    for_each_in_box(m, c0, c1, c2, [&](long at, uint32_t byte) {
+      if (at >= 0) std::memcpy(&out[at], box + byte, 2);
+    });
   };
   const size_t bytes = size_t(m.box_rows) * kRowBytes;
   bulk[emu9::current].open.push_back({from, std::vector<unsigned char>(from, from + bytes), write,
