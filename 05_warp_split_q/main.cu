@@ -221,7 +221,7 @@ int main(int argc, char** argv) try {
                                                 : " (built without the Hopper steps)") +
                      ", or none with --backward (time only the backward); default all");
   cli.add_option("--dtype", &f.dtype,
-                 "fp16 or bf16: inputs are rounded to it on load (default fp16); fp8: the fp8 steps 11-18 alone (sm_90 GPU): "
+                 "fp16 or bf16: inputs are rounded to it on load (default fp16); fp8: the fp8 steps 11-19 alone (sm_90 GPU): "
                  "inputs rounded to bf16, quantised to e4m3 on the GPU, O written in bf16");
   cli.add_option("--fp8-scale", &f.fp8_scale,
                  "with --dtype fp8: block (one scale per 128-row block of Q, K and V; default) or tensor");

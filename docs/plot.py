@@ -559,7 +559,7 @@ def roofline(rows, gpu, spec, path, table=False):
     return path
 
 
-FP16_REFERENCE_STEP = "v10_pingpong"  # what the fp8 steps are measured against: the last fp16 step (05 FP8.md §16)
+FP16_REFERENCE_STEP = "v10_pingpong"  # what the fp8 steps are measured against: the last fp16 step (05 FP8.md §17)
 
 
 def attention_shape(r):

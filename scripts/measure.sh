@@ -6,7 +6,7 @@
 #   LIST: chapters to measure, e.g. 05,06: the ids of scripts/chapters.tsv, and 05bwd, 05fwd, 05fp8, journey (04 includes the fp32
 #         PyTorch rows; 05: every forward step next to PyTorch's flash and cuDNN; 05bwd: 05's backward steps on the same shapes next to
 #         PyTorch's backward; 05fwd: 05's last steps, forward only, next to PyTorch's flash and cuDNN; 05fp8: the FP8
-#         steps next to step 10 in fp16 and PyTorch's flash and cuDNN (05's FP8.md, section 16; alone, its default
+#         steps next to step 10 in fp16 and PyTorch's flash and cuDNN (05's FP8.md, section 17; alone, its default
 #         CSV is docs/results/<gpu>_fp8.csv); journey: every forward step of 00-05 and PyTorch's flash and cuDNN at
 #         one shape, B 4 H 16 N 4096 d 128: docs/journey.md (alone, its default CSV is docs/results/<gpu>_journey.csv).
 #         The two files of their own keep the chapters' own rows those of the chapters' runs.
@@ -15,7 +15,7 @@
 # replaced only if every step passed; otherwise it is left as it was and the new rows are kept next to it
 # (CSV.partial). A failed check makes the exit code 1 but the remaining measurements still run.
 # All chapters take about 35 minutes on an H100 (measured: 00-04 about 10, 05 5.4, journey under 2, 06 about 3 with the
-# decode GEMMs, 05bwd 8.8 with steps 8, 13 and 14 at every N, 05fwd about 9: 47 of its 56 steps took 7.3; 05fp8 7 on an H200, steps 11-18).
+# decode GEMMs, 05bwd 8.8 with steps 8, 13 and 14 at every N, 05fwd about 9: 47 of its 56 steps took 7.3; 05fp8 7.7 on an H200, steps 11-19).
 set -uo pipefail
 usage() { sed -n '2,19s/^# \{0,1\}//p' "$0"; }
 CHAPTERS=""  # default: every chapter of scripts/chapters.tsv, and 05bwd

@@ -16,7 +16,7 @@
                 are the key/value lengths; --kv-heads < --heads runs GQA (enable_gqa).
   gemm          Time one plain GEMM, C = A B^T with A M x K and B N x K, in cuBLAS through PyTorch (fp16 or
                 bf16: torch.matmul; fp8: torch._scaled_mm on e4m3 with unit scales, bf16 out), the same way:
-                the tensor cores' rate with nothing between the products, the yardstick of 05's FP8.md §16.
+                the tensor cores' rate with nothing between the products, the yardstick of 05's FP8.md §17.
 
 Decoding baseline (chapter 06), for example:
   torch_sdpa.py bench --q-len 1 --sizes 4096 32768 131072 --batch 8 --heads 32 --kv-heads 8 \\

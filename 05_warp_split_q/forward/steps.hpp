@@ -37,6 +37,8 @@ void forward_v16_fp8_row_sums(const fa::Problem& p, const fp8::View& in, fa::bfl
 void forward_v17_fp8_no_turns(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 // ---- step 18 (FP8, sm_90a only): step 17 with O_i written through shared memory by a TMA store ----
 void forward_v18_fp8_tma_store(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
+// ---- step 19 (FP8, sm_90a only): step 18 with each item's coordinates handed over by the producer ----
+void forward_v19_fp8_producer_coords(const fa::Problem& p, const fp8::View& in, fa::bfloat16_t* o, float* lse);
 }  // namespace wsq
 
 // Explicit instantiations of a step's host function for both dtypes (at the end of each step file).

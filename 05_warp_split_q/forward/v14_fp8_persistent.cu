@@ -6,7 +6,7 @@
 // while the consumers still compute the current one, and the ping-pong goes on across items. Items are handed out by
 // a counter in global memory, so a block that finishes early takes the next one; with a causal mask the longest
 // items (the last Q blocks, which see the most keys) go first within groups of heads, so the short ones fill the end
-// of each group and the K/V of a group stays in L2 (handed_out). On an H200 (FP8.md §11, §16), against step 13:
+// of each group and the K/V of a group stays in L2 (handed_out). On an H200 (FP8.md §11, §17), against step 13:
 // +9-21 % at d = 64 without a mask and +16-25 % causal; causal at d = 128 +4-9 %; without a mask at d = 128 +2-10 %
 // up to N = 2048, level from N = 4096 on.
 // `diff v13_fp8_scales_ahead.cu v14_fp8_persistent.cu` is the lesson.

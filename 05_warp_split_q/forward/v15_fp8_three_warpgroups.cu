@@ -1,5 +1,5 @@
 // Step 15 (Hopper, sm_90a only): step 14 with three consumer warpgroups at d = 64. There a tile's two products take
-// the tensor cores about 510 cycles and its softmax the MUFU about 1,020 (FP8.md §16): the MUFU is the bound, and
+// the tensor cores about 510 cycles and its softmax the MUFU about 1,020 (FP8.md §17): the MUFU is the bound, and
 // step 14 keeps it busy 59 % of the time, because each of an SM's 4 schedulers has only two consumer warps to feed
 // it, each often waiting for its S or for its turn. A third consumer warpgroup (Br = 192: rows 64 w .. 64 w + 63
 // for warpgroup w = 0, 1, 2) gives every scheduler a third warp with a softmax to run. It costs registers: 4

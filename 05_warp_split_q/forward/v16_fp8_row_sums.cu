@@ -1,5 +1,5 @@
 // Step 16 (Hopper, sm_90a only): step 15 with the row sums l_i computed by the tensor cores. Lines 6-7 sum each row
-// of P_ij on the FMA pipe: 64 FADD a thread and tile, two dependent chains of 32, in the softmax that FP8.md §16
+// of P_ij on the FMA pipe: 64 FADD a thread and tile, two dependent chains of 32, in the softmax that FP8.md §17
 // shows is the critical path, beside 64 ex2, 64 FFMA and 64 FMNMX. But l_i = P_ij 1 is one more column of P_ij V_j:
 // with Vt8 followed by rows of ones, the product P8 [V8 | 1] = [P8 V8 | P8 1] gives O~'s update and the row sum in the
 // same wgmma. The tensor cores have time to spare (busy 30-45 % of a tile) and wgmma's N grows by its smallest step,

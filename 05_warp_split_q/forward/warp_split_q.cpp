@@ -106,13 +106,14 @@ void check_supported(const fa::Problem& p) {
     throw fa::UsageError("heads and batch must be <= 65535 (the grid's y and z limits)");
 }
 
-// ---- steps 11-18 (FP8) ----
+// ---- steps 11-19 (FP8) ----
 static constexpr const char* kFp8StepNames[] = {"v11_fp8", "v12_fp8_lean", "v13_fp8_scales_ahead", "v14_fp8_persistent",
                                                 "v15_fp8_three_warpgroups", "v16_fp8_row_sums",
-                                                "v17_fp8_no_turns", "v18_fp8_tma_store"};
+                                                "v17_fp8_no_turns", "v18_fp8_tma_store",
+                                                "v19_fp8_producer_coords"};
 static constexpr const char* kFp8StepList =
     "v11_fp8, v12_fp8_lean, v13_fp8_scales_ahead, v14_fp8_persistent, v15_fp8_three_warpgroups, v16_fp8_row_sums, "
-    "v17_fp8_no_turns, v18_fp8_tma_store";
+    "v17_fp8_no_turns, v18_fp8_tma_store, v19_fp8_producer_coords";
 
 const std::vector<Fp8Step>& fp8_steps() {
   static const std::vector<Fp8Step> steps = [] {
@@ -137,6 +138,8 @@ const std::vector<Fp8Step>& fp8_steps() {
                      forward_v17_fp8_no_turns, "fp8", fa::Arch::sm90a});
       all.push_back({kFp8StepNames[7], "FP8, O_i through shared memory and a TMA store: the warpgroup does not wait for its stores",
                      forward_v18_fp8_tma_store, "fp8", fa::Arch::sm90a});
+      all.push_back({kFp8StepNames[8], "FP8, each item's Q block, head and batch from the producer: fewer integer divisions per item",
+                     forward_v19_fp8_producer_coords, "fp8", fa::Arch::sm90a});
     }
 #endif
     return all;

@@ -4,7 +4,7 @@
 // products and P in fp16, fp32 accumulation), fp8 with one scale per tensor, fp8 with one scale per 128-row block,
 // and each of those two with the Hadamard rotation of Q and K (the models of fp8_model.hpp: the bytes step 11
 // computes on). Prints a markdown table; --csv FILE writes it as a side table (docs/results/cpu_model_fp8_lab.csv).
-// --gpu (an sm_90 GPU): the same inputs through the GPU's quantisation pass and every fp8 step (steps 11-18):
+// --gpu (an sm_90 GPU): the same inputs through the GPU's quantisation pass and every fp8 step (steps 11-19):
 // each fp8 row then gives the kernels' RMSE next to the model's, and the program fails (exit 1) when a kernel's
 // RMSE is off the model's by more than kAgree: the kernels multiply the model's bytes, only the order of the fp32
 // sums and the exp2 approximation differ, so their error must be the model's (FP8.md section 6).

@@ -1,5 +1,6 @@
-// Steps 11 to 18 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
-// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu, v17_fp8_no_turns.cu, v18_fp8_tma_store.cu), run on the CPU through
+// Steps 11 to 19 (forward/v11_fp8.cu, v12_fp8_lean.cu, v13_fp8_scales_ahead.cu, v14_fp8_persistent.cu,
+// v15_fp8_three_warpgroups.cu, v16_fp8_row_sums.cu, v17_fp8_no_turns.cu, v18_fp8_tma_store.cu,
+// v19_fp8_producer_coords.cu), run on the CPU through
 // tests/emu/emu_sm90.hpp: the e4m3 wgmma, the K-major Vt tiles, the packing of P into A fragments (the permutation),
 // the descales folded into S and O, on the bytes of the model's quantisation pass (hopper/fp8_model.hpp, which
 // fp8_quant.cu reproduces on the GPU). Judged by the fp8 rule: O and LSE vs the fp64 reference of the unquantised
@@ -99,8 +100,8 @@ Output check_one(const char* name, Fp8Fn step, const fa::Problem& p, Options o, 
 }
 // Every fp8 step on one problem. Step 17 is step 16 without the turn barriers: the same arithmetic in each
 // warpgroup, so it must give step 16's bits; at d = 64 the two compile to the same code (no turns there in step 16
-// either), so it runs at d = 128 only. Step 18 only writes O differently (a TMA store): step 16's bits too, here at
-// d = 128 (at d = 64 in its own case below).
+// either), so it runs at d = 128 only. Step 18 only writes O differently (a TMA store) and step 19 only reads the
+// item's coordinates from the producer: step 16's bits too, here at d = 128 (at d = 64 in their own cases below).
 void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double outliers = 0.0, bool uniform = false) {
   const Case c = make_case(p, o, qk_stddev, outliers, uniform);
   check_one("v11_fp8", wsq::forward_v11_fp8, c);
@@ -114,6 +115,8 @@ void check_v11(const fa::Problem& p, Options o, double qk_stddev = 1.0, double o
     CHECK(run_step(wsq::forward_v17_fp8_no_turns, p, c.z) == o16);
     INFO("v18_fp8_tma_store: ", c.what);
     CHECK(run_step(wsq::forward_v18_fp8_tma_store, p, c.z) == o16);
+    INFO("v19_fp8_producer_coords: ", c.what);
+    CHECK(run_step(wsq::forward_v19_fp8_producer_coords, p, c.z) == o16);
   }
 }
 
@@ -270,4 +273,18 @@ TEST_CASE("emulated FP8 step 18: O through a TMA store, step 17's bits, launch a
                   {{3, 1, 2, 200, 260, 64, 1}, {2, 2, 1, 400, 150, 128, 1}, {4, 2, 1, 97, 203, 128, 0},
                    {1, 1, 1, 1, 17, 64, 0}, {2, 1, 1, 200, 300, 64, 0}},
                   31);
+}
+
+// Step 19 reads each item's Q block, head and batch from the producer instead of dividing them out of the item's
+// number: the same numbers, so O and LSE must be step 18's bits. What can go wrong is the slot they travel in, next
+// to the Q buffer: the producer must write it before its arrive on the buffer's full barrier (the emulated arrive and
+// TMA load let the waiting consumers run at once), and rewrites it for the buffer's next item once every consumer
+// thread has arrived on the empty barrier, so a consumer must read it before its own arrive. Both schedules, two
+// emulated SMs (each block takes items one after another, both slots reused), GQA groups of 2 and 3, batches of 2
+// (launched twice), causal items without keys, d = 64 and 128, one item on its own.
+TEST_CASE("emulated FP8 step 19: each item's coordinates from the producer, step 18's bits, both schedules") {
+  check_same_bits(wsq::forward_v18_fp8_tma_store, wsq::forward_v19_fp8_producer_coords,
+                  {{3, 1, 2, 200, 260, 64, 1}, {4, 2, 2, 97, 203, 128, 0}, {2, 2, 1, 400, 150, 128, 1},
+                   {1, 1, 1, 1, 17, 64, 0}},
+                  41);
 }

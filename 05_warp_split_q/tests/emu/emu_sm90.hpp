@@ -298,15 +298,20 @@ namespace sm90 {
 inline void mbar_init(uint64_t* bar, int count) { emu9::mbars[bar] = {count, count, 0, 0}; }
 inline void fence_barrier_init() {}
 inline void fence_view_async_shared() {}  // the emulated wgmma reads the stores themselves: nothing to order
+// An arrive may complete a phase, and the threads waiting on it may run at once, before this thread's next
+// instruction: the emulated arrive lets them (a shared-memory write moved below the arrive that publishes it then
+// lands after its reader ran), as named_bar_arrive below and tma_load_3d do.
 inline void mbar_arrive(uint64_t* bar) {
   emu9::Mbar& m = emu9::mbar(bar);
   --m.pending;
   emu9::mbar_check(m);
+  emu9::yield();
 }
 inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   emu9::Mbar& m = emu9::mbar(bar);
   m.tx += bytes, --m.pending;
   emu9::mbar_check(m);
+  emu9::yield();
 }
 inline void land(uint64_t* bar);
 inline void mbar_wait(uint64_t* bar, int parity) {
@@ -352,10 +357,13 @@ inline void copy_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, i
   emu9::mbar_check(m);
 }
 // From its issue until its barrier completes, a copy's destination holds nothing defined: garbage here, at once, so
-// that a wgmma still reading the buffer's previous tile (a buffer released too early) reads it and is caught.
+// that a wgmma still reading the buffer's previous tile (a buffer released too early) reads it and is caught. The copy
+// may also land at once and complete its barrier's phase: the waiting threads (which land it when they test the
+// phase) may run before this thread's next instruction.
 inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   std::memset(dst, 0xA5, size_t(map->box_rows) * kRowBytes);
   emu9::in_flight[bar].push_back({dst, *map, c0, c1, c2});
+  emu9::yield();
 }
 inline void land(uint64_t* bar) {
   auto it = emu9::in_flight.find(bar);
