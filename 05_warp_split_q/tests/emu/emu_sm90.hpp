@@ -8,7 +8,9 @@
 //     exactly as far as the "empty" barriers let it. Which thread goes on is emu9::schedule's choice
 //     (emu_schedule.hpp): round robin (the next one after the waiting thread) or the lowest-numbered one; the tests
 //     run every step under both, because warps run at any relative speed on the GPU. A wait that can never end (no
-//     thread can go on) stops the test (abort).
+//     thread can go on) stops the test (abort). A thread also hands over right after an arrive (mbarrier or named
+//     barrier) and after issuing a TMA load, which may release waiting threads at once: a shared-memory write moved
+//     below the arrive that publishes it lands after its reader ran.
 //   * mbarriers count arrivals and transaction bytes and complete phases as the PTX ISA says; try_wait.parity P
 //     succeeds once the phase of parity P has completed. A TMA copy lands as late as the rules allow - when a
 //     thread waits on its barrier - with the 128-byte swizzle (sm90_layout.hpp's swizzle128) and zeros outside the
